@@ -1,0 +1,94 @@
+//! Every error dedup raises: one SQLSTATE, a message naming the argument, and a hint.
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::PgSqlErrorCode;
+
+/// Longest job id accepted, in bytes. A btree entry holds at most about 2.7 kB on an
+/// 8 kB page; with this limit a claim row is never compressed or moved to TOAST.
+pub const MAX_JOB_ID_BYTES: usize = 1024;
+/// Longest scope accepted, in bytes.
+pub const MAX_SCOPE_BYTES: usize = 128;
+
+fn raise(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
+    ErrorReport::new(code, message, "dedup")
+        .set_hint(hint)
+        .report(PgLogLevel::ERROR);
+    unreachable!("ERROR does not return")
+}
+
+pub fn null_argument(func: &str, arg: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
+        format!("{func}: {arg} must not be NULL"),
+        if arg == "scope" {
+            "Omit the argument to use the scope 'default', or pass a scope name."
+        } else {
+            "A job without an id cannot be deduplicated: pass the message's unique id (a NULL \
+             claim read as \"not claimed\" would skip the job)."
+        },
+    )
+}
+
+pub fn empty_argument(func: &str, arg: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{func}: {arg} must not be empty"),
+        "Pass a non-empty value; job ids and scopes are compared byte for byte.",
+    )
+}
+
+pub fn too_long(func: &str, arg: &str, len: usize, max: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_STRING_DATA_RIGHT_TRUNCATION,
+        format!("{func}: {arg} is {len} bytes long, longer than the limit of {max} bytes"),
+        if arg == "scope" {
+            "Use a shorter scope name, e.g. the queue or handler name."
+        } else {
+            "Claim a digest of a long key instead, e.g. encode(sha256(convert_to(key, 'UTF8')), 'hex'), \
+             which is 64 bytes."
+        },
+    )
+}
+
+pub fn on_standby(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        format!("{func}: cannot claim on a standby server"),
+        "A claim is a write: connect the consumer to the primary, \
+         e.g. with target_session_attrs=read-write in its connection string.",
+    )
+}
+
+pub fn read_only(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        format!("{func}: cannot claim in a read-only transaction"),
+        "Run the claim and its effect in a READ WRITE transaction \
+         (check default_transaction_read_only and SET TRANSACTION).",
+    )
+}
+
+pub fn parallel_mode(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_TRANSACTION_STATE,
+        format!("{func}: cannot claim during a parallel operation"),
+        "Call it from a plain statement, not from a parallel query.",
+    )
+}
+
+pub fn warn_outside_transaction(func: &str) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("{func} was called outside a transaction block: the claim has committed on its own"),
+        "dedup",
+    )
+    .set_detail(
+        "If the job's effect then fails or its process dies, the job stays claimed but is never \
+         done (at-most-once).",
+    )
+    .set_hint(
+        "Call it between BEGIN and COMMIT, in the transaction of the effect. If the claim and \
+         the effect are one statement on purpose, SET dedup.warn_outside_transaction = off.",
+    )
+    .report(PgLogLevel::WARNING);
+}

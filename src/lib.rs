@@ -1,0 +1,38 @@
+//! dedup: exactly-once effects over at-least-once delivery.
+//!
+//! This file only wires modules together: each concern lives in the file named after it.
+use pgrx::prelude::*;
+
+mod claim;
+mod error;
+mod guc;
+
+::pgrx::pg_module_magic!(name, version);
+
+// The managed table and its privileges; runs before any function is created.
+extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+
+/// Called once per backend when the library is loaded (at the first call of one of
+/// our functions, or at server start with `shared_preload_libraries`).
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    // pg_upgrade loads libraries to check them; nothing of ours must run then.
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        return;
+    }
+    guc::init();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+mod tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}
