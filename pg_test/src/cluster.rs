@@ -1,0 +1,272 @@
+//! Throwaway PostgreSQL clusters: `initdb` into a temporary directory, start on a free
+//! loopback port with a socket directory of their own, stop and delete on drop.
+//!
+//! PostgreSQL refuses to run as root, so when we are root every server command runs as
+//! the `postgres` system user (`runuser -u postgres`), which owns the directory.
+use anyhow::{bail, Context, Result};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, Once};
+
+/// Data directories of running clusters, so Ctrl-C or SIGTERM can stop them all.
+static LIVE: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
+static SEQ: AtomicU32 = AtomicU32::new(0);
+static SIGNALS: Once = Once::new();
+
+/// The pg_config of the server we test against (`DEDUP_PG_CONFIG` overrides).
+pub fn pg_config() -> PathBuf {
+    std::env::var_os("DEDUP_PG_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin/pg_config"))
+}
+
+/// The server's binary directory, from pg_config.
+pub fn bindir() -> Result<PathBuf> {
+    let out = Command::new(pg_config())
+        .arg("--bindir")
+        .output()
+        .with_context(|| format!("running {}", pg_config().display()))?;
+    if !out.status.success() {
+        bail!("pg_config --bindir failed");
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A command that runs as the `postgres` system user when we are root.
+pub fn as_server_user(program: impl AsRef<Path>) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program.as_ref());
+        c
+    } else {
+        Command::new(program.as_ref())
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("spawning {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed with {}:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Stop every cluster still running on Ctrl-C or SIGTERM, then exit.
+pub fn stop_all_on_signal() {
+    SIGNALS.call_once(|| {
+        let _ = ctrlc::set_handler(|| {
+            eprintln!("interrupted: stopping throwaway PostgreSQL servers");
+            let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+            for (bindir, data) in live {
+                let _ = as_server_user(bindir.join("pg_ctl"))
+                    .args(["-D"])
+                    .arg(&data)
+                    .args(["-m", "immediate", "-w", "stop"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                if let Some(dir) = data.parent() {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+            std::process::exit(130);
+        });
+    });
+}
+
+/// Settings for a new cluster.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Extra `postgresql.conf` lines, e.g. `("shared_buffers", "1GB")`.
+    pub conf: Vec<(String, String)>,
+    /// Label in the directory name, for whoever looks at /tmp.
+    pub name: String,
+}
+
+impl Options {
+    pub fn named(name: &str) -> Self {
+        Options { name: name.to_string(), ..Default::default() }
+    }
+    pub fn set(mut self, key: &str, value: &str) -> Self {
+        self.conf.push((key.to_string(), value.to_string()));
+        self
+    }
+}
+
+pub struct Cluster {
+    pub port: u16,
+    pub dir: PathBuf,
+    pub data: PathBuf,
+    pub bindir: PathBuf,
+    running: bool,
+}
+
+impl Cluster {
+    /// `initdb` a new cluster and start it.
+    pub fn start(opts: Options) -> Result<Cluster> {
+        let bindir = bindir()?;
+        let dir = Self::make_dir(&opts.name)?;
+        let data = dir.join("data");
+        run(as_server_user(bindir.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"]))?;
+        let mut c = Cluster { port: 0, dir, data, bindir, running: false };
+        c.write_conf(&opts)?;
+        c.start_server()?;
+        Ok(c)
+    }
+
+    /// A streaming standby of `primary`, started (hot standby: read-only queries work).
+    pub fn standby_of(primary: &Cluster) -> Result<Cluster> {
+        let dir = Self::make_dir("standby")?;
+        let data = dir.join("data");
+        run(as_server_user(primary.bindir.join("pg_basebackup"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
+            .arg("-p")
+            .arg(primary.port.to_string()))?;
+        let mut c = Cluster { port: 0, dir, data, bindir: primary.bindir.clone(), running: false };
+        c.write_conf(&Options::default())?;
+        c.start_server()?;
+        Ok(c)
+    }
+
+    fn make_dir(name: &str) -> Result<PathBuf> {
+        let dir = std::env::temp_dir().join(format!(
+            "dedup-{}-{}-{}",
+            if name.is_empty() { "pg" } else { name },
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        if is_root() {
+            run(Command::new("chown").arg("postgres:").arg(&dir))?;
+        }
+        Ok(dir)
+    }
+
+    fn write_conf(&mut self, opts: &Options) -> Result<()> {
+        self.port = free_port()?;
+        let mut conf = format!(
+            "\n# dedup throwaway cluster\nport = {}\nlisten_addresses = '127.0.0.1'\n\
+             unix_socket_directories = '{}'\nmax_connections = 120\nfsync = on\n\
+             log_line_prefix = '%m [%p] %q%a '\n",
+            self.port,
+            self.dir.display()
+        );
+        for (k, v) in &opts.conf {
+            conf.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
+        }
+        // Appending as root to a file owned by postgres is fine: ownership stays.
+        let path = self.data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&path)?;
+        // A standby copies its primary's settings: the last occurrence wins, so appending works.
+        text.push_str(&conf);
+        std::fs::write(&path, text)?;
+        Ok(())
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<Output> {
+        run(as_server_user(self.bindir.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .arg("-l")
+            .arg(self.log())
+            .args(args))
+    }
+
+    fn start_server(&mut self) -> Result<()> {
+        self.pg_ctl(&["-w", "-t", "120", "start"])
+            .with_context(|| format!("starting server; log:\n{}", self.log_tail(30)))?;
+        self.running = true;
+        LIVE.lock().unwrap().push((self.bindir.clone(), self.data.clone()));
+        Ok(())
+    }
+
+    /// Stop with `mode` (`fast`, `immediate`, `smart`).
+    pub fn stop(&mut self, mode: &str) -> Result<()> {
+        if self.running {
+            self.pg_ctl(&["-m", mode, "-w", "-t", "120", "stop"])?;
+            self.running = false;
+            LIVE.lock().unwrap().retain(|(_, d)| d != &self.data);
+        }
+        Ok(())
+    }
+
+    /// Start again after [`Cluster::stop`], on the same port.
+    pub fn start_again(&mut self) -> Result<()> {
+        self.start_server()
+    }
+
+    /// The last `n` lines of the server log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// libpq / tokio-postgres connection string for `dbname`.
+    pub fn dsn(&self, dbname: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+    }
+
+    /// Run SQL through psql (`-X -v ON_ERROR_STOP=1 -At`) and return its output.
+    pub fn psql(&self, dbname: &str, sql: &str) -> Result<String> {
+        let out = run(Command::new(self.bindir.join("psql"))
+            .args(["-X", "-v", "ON_ERROR_STOP=1", "-At", "-h", "127.0.0.1", "-U", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-d")
+            .arg(dbname)
+            .arg("-c")
+            .arg(sql))?;
+        Ok(String::from_utf8(out.stdout)?.trim_end().to_string())
+    }
+
+    /// A new database with the extension installed.
+    pub fn create_db_with_extension(&self, dbname: &str) -> Result<()> {
+        self.psql("postgres", &format!("CREATE DATABASE {dbname}"))?;
+        self.psql(dbname, "CREATE EXTENSION dedup")?;
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.running {
+            let _ = self.stop("immediate");
+        }
+        if std::env::var_os("DEDUP_KEEP_CLUSTERS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
