@@ -1,7 +1,7 @@
 //! The claim path: `dedup.try_claim(job_id, scope)`.
 use crate::{error, guc};
 use pgrx::prelude::*;
-use pgrx::{pg_sys, IntoDatum};
+use pgrx::pg_sys;
 
 const FUNC: &str = "dedup.try_claim";
 
@@ -10,21 +10,21 @@ const FUNC: &str = "dedup.try_claim";
 /// `true`: this transaction now holds the claim (permanent at COMMIT, gone at ROLLBACK).
 /// `false`: a committed claim exists. A claim held by a concurrent transaction makes the call
 /// wait for that transaction's end.
-#[pg_extern(name = "try_claim", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_text(job_id: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
     claim(job_id, scope)
 }
 
 /// The same job as its decimal text form: `try_claim(42)` and `try_claim('42')` are one job.
-#[pg_extern(name = "try_claim", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_bigint(job_id: Option<i64>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
     claim(&job_id.to_string(), scope)
 }
 
 /// The same job as the uuid's canonical text form (lowercase, hyphenated).
-#[pg_extern(name = "try_claim", volatile, parallel_unsafe, security_definer)]
+#[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_uuid(job_id: Option<pgrx::Uuid>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
     claim(&job_id.to_string(), scope)
@@ -67,40 +67,191 @@ fn check_transaction() {
 fn claim(job_id: &str, scope: Option<&str>) -> bool {
     let scope = check_key(scope, job_id);
     check_transaction();
-    unsafe { spi_insert(scope, job_id) }
+    unsafe { insert_claim(scope, job_id) }
 }
 
-// Prototype: INSERT ... ON CONFLICT DO NOTHING through SPI with a plan kept for the
-// backend's lifetime.
-static mut PLAN: pg_sys::SPIPlanPtr = std::ptr::null_mut();
+/// Insert the claim row the way `INSERT ... ON CONFLICT DO NOTHING` does, without the
+/// planner and executor around it: check the unique index for a conflict (waiting for an
+/// in-progress inserter), insert the heap tuple speculatively, insert the index entries and
+/// confirm the tuple, or kill it and start over if a concurrent inserter won the race.
+/// The same executor routines as nodeModifyTable.c's ExecInsert are used, so the locking,
+/// waiting and isolation behaviour are those of the SQL statement.
+///
+/// Returns whether this call inserted the row.
+unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
+    let rel = pg_sys::table_open(processed_relid(), pg_sys::RowExclusiveLock as _);
+    check_layout(rel);
 
-unsafe fn spi_insert(scope: &str, job_id: &str) -> bool {
-    if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
-        pgrx::error!("SPI_connect failed");
-    }
-    let plan = std::ptr::addr_of_mut!(PLAN);
-    if (*plan).is_null() {
-        let mut argtypes = [pg_sys::TEXTOID, pg_sys::TEXTOID];
-        let p = pg_sys::SPI_prepare(
-            c"INSERT INTO dedup.processed (scope, job_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-                .as_ptr(),
-            2,
-            argtypes.as_mut_ptr(),
-        );
-        if p.is_null() || pg_sys::SPI_keepplan(p) != 0 {
-            pgrx::error!("SPI_prepare failed");
+    let estate = pg_sys::CreateExecutorState();
+    let old_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
+
+    let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast::<pg_sys::ResultRelInfo>();
+    (*rri).type_ = pg_sys::NodeTag::T_ResultRelInfo;
+    pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
+    pg_sys::ExecOpenIndices(rri, true);
+
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    pg_sys::ExecClearTuple(slot);
+    let values = std::slice::from_raw_parts_mut((*slot).tts_values, 3);
+    let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, 3);
+    values[0] = text_datum(scope);
+    values[1] = text_datum(job_id);
+    values[2] = pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp());
+    nulls.fill(false);
+    pg_sys::ExecStoreVirtualTuple(slot);
+    (*slot).tts_tableOid = (*rel).rd_id;
+
+    // An empty arbiter list means "every unique index", as in ON CONFLICT DO NOTHING
+    // without a target; the primary key is the table's only unique index.
+    let arbiters: *mut pg_sys::List = std::ptr::null_mut();
+    let inserted = loop {
+        let mut conflict_tid = pg_sys::ItemPointerData::default();
+        if !check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
+            // A committed (or our own) claim exists.
+            check_conflict_visible(rel, &mut conflict_tid);
+            break false;
         }
-        *plan = p;
-    }
-    let mut values = [
-        scope.into_datum().unwrap(),
-        job_id.into_datum().unwrap(),
-    ];
-    let rc = pg_sys::SPI_execute_plan(*plan, values.as_mut_ptr(), std::ptr::null(), false, 0);
-    if rc != pg_sys::SPI_OK_INSERT as i32 {
-        pgrx::error!("SPI_execute_plan returned {rc}");
-    }
-    let inserted = pg_sys::SPI_processed == 1;
-    pg_sys::SPI_finish();
+        let xid = pg_sys::GetCurrentTransactionId();
+        let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+        pg_sys::table_tuple_insert_speculative(
+            rel,
+            slot,
+            pg_sys::GetCurrentCommandId(true),
+            0,
+            std::ptr::null_mut(),
+            token,
+        );
+        let mut spec_conflict = false;
+        let recheck = insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
+        pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
+        pg_sys::SpeculativeInsertionLockRelease(xid);
+        pg_sys::list_free(recheck);
+        if !spec_conflict {
+            break true;
+        }
+        // A concurrent inserter got its index entry in first: look again (and wait for it).
+        pg_sys::check_for_interrupts!();
+    };
+
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::ExecCloseIndices(rri);
+    pg_sys::MemoryContextSwitchTo(old_cxt);
+    pg_sys::FreeExecutorState(estate);
+    pg_sys::table_close(rel, pg_sys::NoLock as _);
     inserted
+}
+
+/// At REPEATABLE READ and SERIALIZABLE, a conflicting claim our snapshot cannot see (a
+/// concurrent transaction committed it after our snapshot was taken) is a serialization
+/// failure, exactly as for INSERT ... ON CONFLICT DO NOTHING (ExecCheckTIDVisible).
+unsafe fn check_conflict_visible(rel: pg_sys::Relation, tid: &mut pg_sys::ItemPointerData) {
+    if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+        return;
+    }
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    if !pg_sys::table_tuple_fetch_row_version(rel, tid, std::ptr::addr_of_mut!(pg_sys::SnapshotAnyData), slot) {
+        pgrx::error!("dedup: failed to fetch the conflicting claim");
+    }
+    let snapshot = if pg_sys::ActiveSnapshotSet() {
+        pg_sys::GetActiveSnapshot()
+    } else {
+        pg_sys::GetTransactionSnapshot()
+    };
+    if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
+        let mut isnull = false;
+        let xmin = pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+        let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
+        // Our own claim from an earlier command of this transaction is not a conflict.
+        if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+            error::serialization_failure(FUNC);
+        }
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+}
+
+#[cfg(feature = "pg13")]
+unsafe fn check_index_constraints(
+    rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    conflict_tid: &mut pg_sys::ItemPointerData,
+    arbiters: *mut pg_sys::List,
+) -> bool {
+    (*estate).es_result_relation_info = rri;
+    pg_sys::ExecCheckIndexConstraints(slot, estate, conflict_tid, arbiters)
+}
+
+#[cfg(not(feature = "pg13"))]
+unsafe fn check_index_constraints(
+    rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    conflict_tid: &mut pg_sys::ItemPointerData,
+    arbiters: *mut pg_sys::List,
+) -> bool {
+    pg_sys::ExecCheckIndexConstraints(rri, slot, estate, conflict_tid, arbiters)
+}
+
+#[cfg(feature = "pg13")]
+unsafe fn insert_index_tuples(
+    _rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    spec_conflict: &mut bool,
+    arbiters: *mut pg_sys::List,
+) -> *mut pg_sys::List {
+    pg_sys::ExecInsertIndexTuples(slot, estate, true, spec_conflict, arbiters)
+}
+
+#[cfg(any(feature = "pg14", feature = "pg15"))]
+unsafe fn insert_index_tuples(
+    rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    spec_conflict: &mut bool,
+    arbiters: *mut pg_sys::List,
+) -> *mut pg_sys::List {
+    pg_sys::ExecInsertIndexTuples(rri, slot, estate, false, true, spec_conflict, arbiters)
+}
+
+#[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
+unsafe fn insert_index_tuples(
+    rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    spec_conflict: &mut bool,
+    arbiters: *mut pg_sys::List,
+) -> *mut pg_sys::List {
+    pg_sys::ExecInsertIndexTuples(rri, slot, estate, false, true, spec_conflict, arbiters, false)
+}
+
+unsafe fn text_datum(s: &str) -> pg_sys::Datum {
+    pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(s.as_ptr().cast(), s.len() as i32))
+}
+
+/// The OID of `dedup.processed`.
+unsafe fn processed_relid() -> pg_sys::Oid {
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    let relid = if nsp == pg_sys::InvalidOid {
+        pg_sys::InvalidOid
+    } else {
+        pg_sys::get_relname_relid(c"processed".as_ptr(), nsp)
+    };
+    if relid == pg_sys::InvalidOid {
+        error::table_missing(FUNC);
+    }
+    relid
+}
+
+/// The claim row is written column by column: refuse a table whose columns are not the
+/// ones this library writes (altered by hand, or an extension update not yet run).
+unsafe fn check_layout(rel: pg_sys::Relation) {
+    const EXPECTED: [pg_sys::Oid; 3] = [pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID];
+    let desc = (*rel).rd_att;
+    let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+    let ok = attrs.len() == EXPECTED.len()
+        && attrs.iter().zip(EXPECTED).all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
+    if !ok {
+        error::unexpected_layout(FUNC);
+    }
 }

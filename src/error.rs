@@ -92,3 +92,30 @@ pub fn warn_outside_transaction(func: &str) {
     )
     .report(PgLogLevel::WARNING);
 }
+
+pub fn serialization_failure(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!("{func}: could not serialize access due to a concurrent claim of the same job"),
+        "A transaction that committed after this transaction's snapshot claimed the job. \
+         Retry the whole transaction: the retry's claim returns false.",
+    )
+}
+
+pub fn table_missing(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+        format!("{func}: table dedup.processed does not exist"),
+        "The extension's objects are missing or were renamed; reinstalling loses no claims \
+         only if the table is intact. Check \\dx dedup and \\dt dedup.*.",
+    )
+}
+
+pub fn unexpected_layout(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: dedup.processed does not have the columns this version of dedup writes"),
+        "If the library was upgraded, run ALTER EXTENSION dedup UPDATE; dedup.processed must \
+         not be altered by hand.",
+    )
+}
