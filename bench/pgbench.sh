@@ -33,3 +33,15 @@ for sync in $SYNC_MODES; do
         done
     done
 done
+
+echo "# bytes per claim in dedup.processed after 1,000,000 claims by dedup.try_claim" | tee -a "$OUT"
+for ids in "g::bigint" "gen_random_uuid()"; do
+    psql -c "TRUNCATE dedup.processed" \
+         -c "SELECT count(*) FILTER (WHERE dedup.try_claim($ids)) FROM generate_series(1, 1000000) g" >/dev/null
+    psql -c "VACUUM ANALYZE dedup.processed"
+    psql -At -c "SELECT 'size ids=$ids heap=' || round(pg_relation_size('dedup.processed') / 1e6, 1) \
+        || ' pkey=' || round(pg_relation_size('dedup.processed_pkey') / 1e6, 1) \
+        || ' brin=' || round(pg_relation_size('dedup.processed_processed_at_idx') / 1e6, 3) \
+        || ' total=' || round(pg_total_relation_size('dedup.processed') / 1e6, 1) \
+        || ' avg_row=' || (SELECT round(avg(pg_column_size(p.*)), 1) FROM dedup.processed p)" | tee -a "$OUT"
+done

@@ -1,7 +1,7 @@
 //! The claim path: `dedup.try_claim(job_id, scope)`.
 use crate::{error, guc};
-use pgrx::prelude::*;
 use pgrx::pg_sys;
+use pgrx::prelude::*;
 
 const FUNC: &str = "dedup.try_claim";
 
@@ -85,7 +85,8 @@ unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
     let estate = pg_sys::CreateExecutorState();
     let old_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
 
-    let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()).cast::<pg_sys::ResultRelInfo>();
+    let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
+        .cast::<pg_sys::ResultRelInfo>();
     (*rri).type_ = pg_sys::NodeTag::T_ResultRelInfo;
     pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
     pg_sys::ExecOpenIndices(rri, true);
@@ -149,7 +150,12 @@ unsafe fn check_conflict_visible(rel: pg_sys::Relation, tid: &mut pg_sys::ItemPo
         return;
     }
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-    if !pg_sys::table_tuple_fetch_row_version(rel, tid, std::ptr::addr_of_mut!(pg_sys::SnapshotAnyData), slot) {
+    if !pg_sys::table_tuple_fetch_row_version(
+        rel,
+        tid,
+        std::ptr::addr_of_mut!(pg_sys::SnapshotAnyData),
+        slot,
+    ) {
         pgrx::error!("dedup: failed to fetch the conflicting claim");
     }
     let snapshot = if pg_sys::ActiveSnapshotSet() {
@@ -159,7 +165,8 @@ unsafe fn check_conflict_visible(rel: pg_sys::Relation, tid: &mut pg_sys::ItemPo
     };
     if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
         let mut isnull = false;
-        let xmin = pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+        let xmin =
+            pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
         let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
         // Our own claim from an earlier command of this transaction is not a conflict.
         if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
@@ -222,11 +229,23 @@ unsafe fn insert_index_tuples(
     spec_conflict: &mut bool,
     arbiters: *mut pg_sys::List,
 ) -> *mut pg_sys::List {
-    pg_sys::ExecInsertIndexTuples(rri, slot, estate, false, true, spec_conflict, arbiters, false)
+    pg_sys::ExecInsertIndexTuples(
+        rri,
+        slot,
+        estate,
+        false,
+        true,
+        spec_conflict,
+        arbiters,
+        false,
+    )
 }
 
 unsafe fn text_datum(s: &str) -> pg_sys::Datum {
-    pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(s.as_ptr().cast(), s.len() as i32))
+    pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
+        s.as_ptr().cast(),
+        s.len() as i32,
+    ))
 }
 
 /// The OID of `dedup.processed`.
@@ -250,8 +269,24 @@ unsafe fn check_layout(rel: pg_sys::Relation) {
     let desc = (*rel).rd_att;
     let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
     let ok = attrs.len() == EXPECTED.len()
-        && attrs.iter().zip(EXPECTED).all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
+        && attrs
+            .iter()
+            .zip(EXPECTED)
+            .all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
     if !ok {
         error::unexpected_layout(FUNC);
     }
 }
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.text, pg_catalog.text) IS
+'Claim job_id in scope for the current transaction. true: do the job''s effect in this transaction; the claim commits or rolls back with it. false: a committed claim exists; skip the job. Waits while a concurrent transaction holds the claim.';
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.int8, pg_catalog.text) IS
+'dedup.try_claim for a bigint job id: the same job as its decimal text, try_claim(42) = try_claim(''42'').';
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.uuid, pg_catalog.text) IS
+'dedup.try_claim for a uuid job id: the same job as its canonical text (lowercase, hyphenated).';
+"#,
+    name = "try_claim_comments",
+    requires = [try_claim_text, try_claim_bigint, try_claim_uuid]
+);

@@ -79,7 +79,9 @@ pub fn parallel_mode(func: &str) -> ! {
 pub fn warn_outside_transaction(func: &str) {
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,
-        format!("{func} was called outside a transaction block: the claim has committed on its own"),
+        format!(
+            "{func} was called outside a transaction block: the claim has committed on its own"
+        ),
         "dedup",
     )
     .set_detail(

@@ -1,13 +1,309 @@
-//! `#[pg_test]` unit tests: each runs inside one transaction of a test server, rolled back after.
+//! `#[pg_test]` unit tests. Each runs in one transaction of the test server, rolled back
+//! afterwards, on its own connection; anything that needs several sessions, a crash or a
+//! restart lives in `pg_test/`.
 use pgrx::prelude::*;
 
 #[pg_schema]
 mod tests {
     use super::*;
+    use pgrx::pg_sys;
+    use pgrx::pg_sys::panic::CaughtError;
+
+    fn claim(sql: &str) -> bool {
+        Spi::get_one::<bool>(sql)
+            .expect("query failed")
+            .expect("try_claim returned NULL")
+    }
+
+    /// Run `sql` in a subtransaction; return the SQLSTATE, message and hint of the error it
+    /// raised, or None if it succeeded.
+    fn error_of(sql: &str) -> Option<(String, String, String)> {
+        unsafe {
+            let cxt = pg_sys::CurrentMemoryContext;
+            let owner = pg_sys::CurrentResourceOwner;
+            pg_sys::BeginInternalSubTransaction(std::ptr::null());
+            let caught = PgTryBuilder::new(|| {
+                Spi::run(sql).expect("SPI failed");
+                None
+            })
+            .catch_others(|e| match e {
+                CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => Some((
+                    sqlstate(r.sql_error_code() as i32),
+                    r.message().to_string(),
+                    r.hint().unwrap_or_default().to_string(),
+                )),
+                CaughtError::RustPanic { ereport, .. } => {
+                    Some(("panic".into(), ereport.message().to_string(), String::new()))
+                }
+            })
+            .execute();
+            if caught.is_some() {
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            } else {
+                pg_sys::ReleaseCurrentSubTransaction();
+            }
+            pg_sys::MemoryContextSwitchTo(cxt);
+            pg_sys::CurrentResourceOwner = owner;
+            caught
+        }
+    }
+
+    /// The five-character SQLSTATE of a packed error code.
+    fn sqlstate(code: i32) -> String {
+        (0..5)
+            .map(|i| (((code >> (6 * i)) & 0x3f) as u8 + b'0') as char)
+            .collect()
+    }
 
     #[pg_test]
-    fn claim_then_duplicate() {
-        assert_eq!(Spi::get_one::<bool>("SELECT dedup.try_claim($$a$$)"), Ok(Some(true)));
-        assert_eq!(Spi::get_one::<bool>("SELECT dedup.try_claim($$a$$)"), Ok(Some(false)));
+    fn first_claim_wins_second_is_a_duplicate() {
+        assert!(claim("SELECT dedup.try_claim('job-1')"));
+        assert!(!claim("SELECT dedup.try_claim('job-1')"));
+        // Same job id in another scope is another job.
+        assert!(claim("SELECT dedup.try_claim('job-1', 'payments')"));
+        assert!(!claim("SELECT dedup.try_claim('job-1', 'payments')"));
+        // The default scope is called 'default'.
+        assert!(!claim("SELECT dedup.try_claim('job-1', 'default')"));
+    }
+
+    #[pg_test]
+    fn bigint_and_its_decimal_text_are_one_job() {
+        assert!(claim("SELECT dedup.try_claim(42::bigint)"));
+        assert!(!claim("SELECT dedup.try_claim('42')"));
+        assert!(claim("SELECT dedup.try_claim('-7')"));
+        assert!(!claim("SELECT dedup.try_claim(-7::bigint)"));
+        // An int literal resolves to the bigint overload.
+        assert!(!claim("SELECT dedup.try_claim(42)"));
+        // Text is compared byte for byte: a leading zero is another job.
+        assert!(claim("SELECT dedup.try_claim('042')"));
+        assert_eq!(
+            Spi::get_one::<String>("SELECT job_id FROM dedup.processed WHERE job_id = '42'"),
+            Ok(Some("42".to_string()))
+        );
+    }
+
+    #[pg_test]
+    fn uuid_is_its_lowercase_hyphenated_text() {
+        let u = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11";
+        assert!(claim(&format!("SELECT dedup.try_claim('{u}'::uuid)")));
+        assert!(!claim(&format!("SELECT dedup.try_claim('{u}')")));
+        // uuid input accepts other spellings; they are the same uuid, so the same job.
+        assert!(!claim(&format!(
+            "SELECT dedup.try_claim('{}'::uuid)",
+            u.to_uppercase()
+        )));
+        assert!(!claim(
+            "SELECT dedup.try_claim('{a0eebc999c0b4ef8bb6d6bb9bd380a11}'::uuid)"
+        ));
+        // As text, another spelling is another job.
+        assert!(claim(&format!(
+            "SELECT dedup.try_claim('{}')",
+            u.to_uppercase()
+        )));
+    }
+
+    #[pg_test]
+    fn claim_records_scope_job_and_transaction_time() {
+        assert!(claim("SELECT dedup.try_claim('t-1', 'q')"));
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT processed_at = now() FROM dedup.processed WHERE scope = 'q' AND job_id = 't-1'"
+            ),
+            Ok(Some(true))
+        );
+    }
+
+    #[pg_test]
+    fn rolled_back_subtransaction_releases_its_claim() {
+        unsafe {
+            let cxt = pg_sys::CurrentMemoryContext;
+            let owner = pg_sys::CurrentResourceOwner;
+            pg_sys::BeginInternalSubTransaction(std::ptr::null());
+            assert!(claim("SELECT dedup.try_claim('sp-1')"));
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            pg_sys::MemoryContextSwitchTo(cxt);
+            pg_sys::CurrentResourceOwner = owner;
+        }
+        assert!(claim("SELECT dedup.try_claim('sp-1')"));
+    }
+
+    #[pg_test]
+    fn many_claims_in_one_statement() {
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT count(*) FILTER (WHERE dedup.try_claim(g % 500)) FROM generate_series(1, 2000) g"
+            ),
+            Ok(Some(500))
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM dedup.processed"),
+            Ok(Some(500))
+        );
+    }
+
+    #[pg_test]
+    fn limits_are_inclusive() {
+        let id = "x".repeat(1024);
+        let scope = "s".repeat(128);
+        assert!(claim(&format!("SELECT dedup.try_claim('{id}', '{scope}')")));
+        // Multibyte characters count in bytes: 512 two-byte characters are 1024 bytes.
+        let id = "é".repeat(512);
+        assert!(claim(&format!("SELECT dedup.try_claim('{id}')")));
+    }
+
+    /// Every bad input: (SQL, SQLSTATE, words the message must contain).
+    const BAD_INPUT: &[(&str, &str, &str)] = &[
+        (
+            "SELECT dedup.try_claim(NULL::text)",
+            "22004",
+            "job_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim(NULL::bigint)",
+            "22004",
+            "job_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim(NULL::uuid)",
+            "22004",
+            "job_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim('j', NULL)",
+            "22004",
+            "scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim(1::bigint, NULL)",
+            "22004",
+            "scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim(gen_random_uuid(), NULL)",
+            "22004",
+            "scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.try_claim('')",
+            "22023",
+            "job_id must not be empty",
+        ),
+        (
+            "SELECT dedup.try_claim('j', '')",
+            "22023",
+            "scope must not be empty",
+        ),
+        (
+            "SELECT dedup.try_claim(repeat('x', 1025))",
+            "22001",
+            "job_id is 1025 bytes long",
+        ),
+        (
+            "SELECT dedup.try_claim(repeat('é', 513))",
+            "22001",
+            "job_id is 1026 bytes long",
+        ),
+        (
+            "SELECT dedup.try_claim('j', repeat('s', 129))",
+            "22001",
+            "scope is 129 bytes long",
+        ),
+        (
+            "SELECT dedup.try_claim(7::bigint, repeat('s', 129))",
+            "22001",
+            "scope is 129 bytes long",
+        ),
+    ];
+
+    #[pg_test]
+    fn bad_input_is_an_error_with_sqlstate_and_hint() {
+        for (sql, state, words) in BAD_INPUT {
+            let Some((got_state, message, hint)) = error_of(sql) else {
+                panic!("{sql} did not fail");
+            };
+            assert_eq!(&got_state, state, "{sql}: {message}");
+            assert!(
+                message.contains(words),
+                "{sql}: message {message:?} lacks {words:?}"
+            );
+            assert!(
+                message.starts_with("dedup.try_claim"),
+                "{sql}: message {message:?}"
+            );
+            assert!(!hint.is_empty(), "{sql}: no hint");
+        }
+        // Nothing was claimed by any of them.
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM dedup.processed"),
+            Ok(Some(0))
+        );
+    }
+
+    #[pg_test]
+    fn read_only_transaction_is_refused() {
+        Spi::run("SET LOCAL transaction_read_only = on").unwrap();
+        let (state, message, hint) = error_of("SELECT dedup.try_claim('ro')").expect("no error");
+        assert_eq!(state, "25006");
+        assert!(message.contains("read-only transaction"), "{message}");
+        assert!(hint.contains("READ WRITE"), "{hint}");
+    }
+
+    #[pg_test]
+    fn warn_outside_transaction_is_a_reserved_boolean_setting() {
+        assert_eq!(
+            Spi::get_one::<String>("SELECT current_setting('dedup.warn_outside_transaction')"),
+            Ok(Some("on".to_string()))
+        );
+        Spi::run("SET LOCAL dedup.warn_outside_transaction = off").unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT current_setting('dedup.warn_outside_transaction')"),
+            Ok(Some("off".to_string()))
+        );
+        // The prefix is reserved: a misspelt setting is an error, not a silent placeholder.
+        let (state, message, _) =
+            error_of("SET LOCAL dedup.warn_outside_transation = off").expect("no error");
+        assert_eq!(state, "42602", "{message}");
+        assert!(
+            message.contains("invalid configuration parameter name"),
+            "{message}"
+        );
+    }
+
+    #[pg_test]
+    fn declared_volatile_parallel_unsafe_not_strict() {
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT count(*) FROM pg_proc WHERE oid::regprocedure::text LIKE 'dedup.try_claim(%' \
+                 AND provolatile = 'v' AND proparallel = 'u' AND NOT proisstrict AND NOT prosecdef"
+            ),
+            Ok(Some(3))
+        );
+    }
+
+    #[pg_test]
+    fn processed_table_layout() {
+        // Key columns in the "C" collation (bytewise comparison), the primary key, and
+        // the claims dumped by pg_dump.
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT string_agg(attname || ':' || coalesce(collname, '-'), ',' ORDER BY attnum) \
+                 FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation \
+                 WHERE attrelid = 'dedup.processed'::regclass AND attnum > 0"
+            ),
+            Ok(Some("scope:C,job_id:C,processed_at:-".to_string()))
+        );
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+                 WHERE conrelid = 'dedup.processed'::regclass AND contype = 'p'"
+            ),
+            Ok(Some("PRIMARY KEY (scope, job_id)".to_string()))
+        );
+        assert_eq!(
+            Spi::get_one::<bool>(
+                "SELECT 'dedup.processed'::regclass = ANY (extconfig) FROM pg_extension WHERE extname = 'dedup'"
+            ),
+            Ok(Some(true))
+        );
     }
 }

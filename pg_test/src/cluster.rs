@@ -105,7 +105,10 @@ pub struct Options {
 
 impl Options {
     pub fn named(name: &str) -> Self {
-        Options { name: name.to_string(), ..Default::default() }
+        Options {
+            name: name.to_string(),
+            ..Default::default()
+        }
     }
     pub fn set(mut self, key: &str, value: &str) -> Self {
         self.conf.push((key.to_string(), value.to_string()));
@@ -130,8 +133,23 @@ impl Cluster {
         run(as_server_user(bindir.join("initdb"))
             .arg("-D")
             .arg(&data)
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"]))?;
-        let mut c = Cluster { port: 0, dir, data, bindir, running: false };
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ]))?;
+        let mut c = Cluster {
+            port: 0,
+            dir,
+            data,
+            bindir,
+            running: false,
+        };
         c.write_conf(&opts)?;
         c.start_server()?;
         Ok(c)
@@ -144,10 +162,26 @@ impl Cluster {
         run(as_server_user(primary.bindir.join("pg_basebackup"))
             .arg("-D")
             .arg(&data)
-            .args(["-h", "127.0.0.1", "-U", "postgres", "-R", "-X", "stream", "-c", "fast"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ])
             .arg("-p")
             .arg(primary.port.to_string()))?;
-        let mut c = Cluster { port: 0, dir, data, bindir: primary.bindir.clone(), running: false };
+        let mut c = Cluster {
+            port: 0,
+            dir,
+            data,
+            bindir: primary.bindir.clone(),
+            running: false,
+        };
         c.write_conf(&Options::default())?;
         c.start_server()?;
         Ok(c)
@@ -208,7 +242,9 @@ impl Cluster {
         self.pg_ctl(&["-w", "-t", "120", "start"])
             .with_context(|| format!("starting server; log:\n{}", self.log_tail(30)))?;
         self.running = true;
-        LIVE.lock().unwrap().push((self.bindir.clone(), self.data.clone()));
+        LIVE.lock()
+            .unwrap()
+            .push((self.bindir.clone(), self.data.clone()));
         Ok(())
     }
 
@@ -236,13 +272,25 @@ impl Cluster {
 
     /// libpq / tokio-postgres connection string for `dbname`.
     pub fn dsn(&self, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+            self.port
+        )
     }
 
     /// Run SQL through psql (`-X -v ON_ERROR_STOP=1 -At`) and return its output.
     pub fn psql(&self, dbname: &str, sql: &str) -> Result<String> {
         let out = run(Command::new(self.bindir.join("psql"))
-            .args(["-X", "-v", "ON_ERROR_STOP=1", "-At", "-h", "127.0.0.1", "-U", "postgres"])
+            .args([
+                "-X",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-At",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+            ])
             .arg("-p")
             .arg(self.port.to_string())
             .arg("-d")

@@ -44,8 +44,15 @@ pub async fn connect(dsn: &str) -> Result<Conn> {
             }
         }
     });
-    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
-    Ok(Conn { client, notices, pid })
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
+    Ok(Conn {
+        client,
+        notices,
+        pid,
+    })
 }
 
 /// The SQLSTATE of a failed query, if the server sent one.

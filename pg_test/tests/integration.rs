@@ -1,1 +1,143 @@
-fn main() {}
+//! dedup against a real PostgreSQL server, over real client connections, several at once.
+//!
+//! A custom harness (`harness = false`): it starts one throwaway cluster with the installed
+//! extension, gives every test a database of its own, runs the tests one after another,
+//! stops the cluster and exits non-zero if any failed. Tests that crash or restart a server
+//! start a cluster of their own. `cargo test -p dedup-pg-test -- NAME` runs the tests whose
+//! name contains NAME.
+use anyhow::Result;
+use dedup_pg_test::cluster::{self, Cluster, Options};
+use futures_util::future::BoxFuture;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[path = "integration/common.rs"]
+mod common;
+#[path = "integration/concurrency.rs"]
+mod concurrency;
+#[path = "integration/crash.rs"]
+mod crash;
+#[path = "integration/docs.rs"]
+mod docs;
+#[path = "integration/dump_restore.rs"]
+mod dump_restore;
+#[path = "integration/errors.rs"]
+mod errors;
+#[path = "integration/isolation_levels.rs"]
+mod isolation_levels;
+#[path = "integration/isolation_specs.rs"]
+mod isolation_specs;
+#[path = "integration/security.rs"]
+mod security;
+#[path = "integration/upgrade.rs"]
+mod upgrade;
+
+use common::Ctx;
+
+type TestFn = fn(Ctx) -> BoxFuture<'static, Result<()>>;
+
+macro_rules! tests {
+    ($($module:ident :: $name:ident),* $(,)?) => {
+        &[$((concat!(stringify!($module), "::", stringify!($name)), |ctx| Box::pin($module::$name(ctx)))),*]
+    };
+}
+
+const TESTS: &[(&str, TestFn)] = tests![
+    concurrency::second_session_waits_then_gets_false_after_commit,
+    concurrency::second_session_waits_then_gets_true_after_rollback,
+    concurrency::savepoint_rollback_releases_the_claim_to_a_waiter,
+    concurrency::thirty_two_connections_claim_two_thousand_jobs,
+    concurrency::terminated_backend_releases_its_claim,
+    crash::killed_backend_loses_its_claim_and_server_keeps_committed_ones,
+    crash::immediate_stop_keeps_committed_claims_only,
+    isolation_levels::snapshot_that_misses_a_committed_claim_gets_40001_then_false,
+    isolation_levels::waiting_repeatable_read_claim_gets_40001_or_true,
+    security::unprivileged_role_claims_but_cannot_touch_the_table,
+    security::hostile_search_path_changes_nothing,
+    security::create_extension_under_hostile_search_path,
+    dump_restore::dump_and_restore_keep_every_claim,
+    errors::bad_input_over_the_wire,
+    errors::warning_outside_a_transaction_block,
+    errors::standby_refuses_claims,
+    upgrade::upgrade_from_oldest_version_keeps_claims,
+    docs::readme_documents_every_function_and_setting,
+    isolation_specs::isolation_specs_pass,
+];
+
+fn main() -> ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected: Vec<_> = TESTS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    cluster::stop_all_on_signal();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let cluster = match Cluster::start(Options::named("integration")) {
+        Ok(c) => Arc::new(c),
+        Err(e) => {
+            eprintln!("could not start the test server: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "running {} integration tests against PostgreSQL on port {}",
+        selected.len(),
+        cluster.port
+    );
+    let mut failed = Vec::new();
+    for (i, (name, test)) in selected.iter().enumerate() {
+        let db = format!("t{i}");
+        let started = Instant::now();
+        let result = cluster.create_db_with_extension(&db).and_then(|_| {
+            let ctx = Ctx {
+                cluster: cluster.clone(),
+                db: db.clone(),
+            };
+            let fut = test(ctx);
+            runtime.block_on(async {
+                match tokio::time::timeout(Duration::from_secs(300), tokio::spawn(fut)).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(join)) => Err(anyhow::anyhow!("panicked: {join}")),
+                    Err(_) => Err(anyhow::anyhow!("timed out after 300 s")),
+                }
+            })
+        });
+        match result {
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                println!(
+                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
+                    started.elapsed().as_secs_f64()
+                );
+                failed.push(*name);
+            }
+        }
+    }
+    drop(runtime);
+    if !failed.is_empty() {
+        println!("server log (last lines):\n{}", cluster.log_tail(40));
+    }
+    drop(cluster);
+    println!(
+        "\nintegration: {} passed, {} failed{}",
+        selected.len() - failed.len(),
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", failed.join(", "))
+        }
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -32,7 +32,11 @@ fn main() -> Result<()> {
     }
     stop_all_on_signal();
     let mut cluster = Cluster::start(opts)?;
-    eprintln!("[with-server] PostgreSQL on 127.0.0.1:{} (data in {})", cluster.port, cluster.data.display());
+    eprintln!(
+        "[with-server] PostgreSQL on 127.0.0.1:{} (data in {})",
+        cluster.port,
+        cluster.data.display()
+    );
     if let Some(db) = &db {
         cluster.create_db_with_extension(db)?;
     }

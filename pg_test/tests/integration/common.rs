@@ -1,0 +1,75 @@
+//! What every integration test gets: the shared cluster, a database of its own, and
+//! helpers to connect and to watch sessions wait on one another.
+use anyhow::{bail, Context, Result};
+use dedup_pg_test::cluster::Cluster;
+use dedup_pg_test::{connect, sqlstate, Conn};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub struct Ctx {
+    pub cluster: Arc<Cluster>,
+    pub db: String,
+}
+
+impl Ctx {
+    pub fn dsn(&self) -> String {
+        self.cluster.dsn(&self.db)
+    }
+    pub async fn connect(&self) -> Result<Conn> {
+        connect(&self.dsn()).await
+    }
+    pub async fn connect_as(&self, user: &str) -> Result<Conn> {
+        connect(&format!("{} user={user}", self.dsn())).await
+    }
+}
+
+/// `SELECT <expr>` returning one boolean.
+pub async fn claim(c: &Conn, sql: &str) -> Result<bool> {
+    let row = c
+        .query_one(sql, &[])
+        .await
+        .with_context(|| sql.to_string())?;
+    Ok(row.get(0))
+}
+
+/// Wait until backend `pid` is blocked on a lock (e.g. another transaction's claim).
+pub async fn wait_until_blocked(observer: &Conn, pid: i32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = observer
+            .query_one(
+                "SELECT coalesce(wait_event_type, '') || ':' || coalesce(wait_event, '') \
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?;
+        let wait: String = row.get(0);
+        if wait.starts_with("Lock:") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("backend {pid} never blocked (last wait state {wait:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The SQLSTATE of `result`'s error, or an error if it succeeded.
+pub fn expect_sqlstate<T: std::fmt::Debug>(
+    result: Result<T, tokio_postgres::Error>,
+    what: &str,
+) -> Result<String> {
+    match result {
+        Ok(v) => bail!("{what}: expected an error, got {v:?}"),
+        Err(e) => Ok(sqlstate(&e)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("no SQLSTATE: {e}"))),
+    }
+}
+
+pub fn ensure_eq<T: PartialEq + std::fmt::Debug>(got: T, want: T, what: &str) -> Result<()> {
+    if got != want {
+        bail!("{what}: got {got:?}, want {want:?}");
+    }
+    Ok(())
+}

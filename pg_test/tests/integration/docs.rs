@@ -1,0 +1,95 @@
+//! The README stays true: every public function and setting in the catalog is documented
+//! in the README's reference, and everything the reference names exists.
+use crate::common::Ctx;
+use anyhow::{bail, Result};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+fn section<'a>(readme: &'a str, marker: &str) -> Result<&'a str> {
+    let start = format!("<!-- {marker} -->");
+    let end = format!("<!-- /{marker} -->");
+    let Some(s) = readme.find(&start) else {
+        bail!("README has no {start} section")
+    };
+    let Some(e) = readme[s..].find(&end) else {
+        bail!("README has no {end}")
+    };
+    Ok(&readme[s + start.len()..s + e])
+}
+
+/// Every `dedup.name(...)` or `dedup.name` in backticks at the start of a table row.
+fn documented(section: &str) -> BTreeSet<String> {
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_string)
+        .collect()
+}
+
+pub async fn readme_documents_every_function_and_setting(ctx: Ctx) -> Result<()> {
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
+    let c = ctx.connect().await?;
+
+    let functions: BTreeSet<String> = c
+        .query(
+            "SELECT 'dedup.' || p.proname || '(' || replace(pg_get_function_arguments(p.oid), '::text', '') || ')' \
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'dedup' AND p.proname NOT LIKE '\\_%'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let in_readme = documented(section(&readme, "functions")?);
+    if functions != in_readme {
+        bail!(
+            "README functions differ from the catalog\nnot documented: {:?}\ndocumented but missing: {:?}",
+            functions.difference(&in_readme).collect::<Vec<_>>(),
+            in_readme.difference(&functions).collect::<Vec<_>>()
+        );
+    }
+
+    // pg_settings lists a library's settings once the library is loaded in the session.
+    c.batch_execute("LOAD 'dedup'").await?;
+    let settings: BTreeSet<String> = c
+        .query(
+            "SELECT name FROM pg_settings WHERE name LIKE 'dedup.%'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if settings.is_empty() {
+        bail!("no dedup.* settings visible");
+    }
+    let in_readme = documented(section(&readme, "settings")?);
+    if settings != in_readme {
+        bail!(
+            "README settings differ from pg_settings\nnot documented: {:?}\ndocumented but missing: {:?}",
+            settings.difference(&in_readme).collect::<Vec<_>>(),
+            in_readme.difference(&settings).collect::<Vec<_>>()
+        );
+    }
+    // Each documented setting states its default as the server reports it.
+    for row in c
+        .query(
+            "SELECT name, reset_val, coalesce(unit, '') FROM pg_settings WHERE name LIKE 'dedup.%'",
+            &[],
+        )
+        .await?
+    {
+        let (name, default, unit): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let line = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}`")))
+            .unwrap_or_default();
+        if !line.contains(&format!("`{default}{unit}`")) {
+            bail!("README row for {name} does not give its default `{default}{unit}`: {line}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# `make bench`: the pgbench comparison of the README, on a release build in a throwaway
+# server. Settings come from the environment (see bench/pgbench.sh); results are appended
+# to bench/results/<commit>.txt and summarised.
+source "$(dirname "$0")/lib.sh"
+bash scripts/setup.sh
+step "build and install the extension (release)"
+install_extension --release
+cargo build --quiet -p dedup-pg-test --bin with-server
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src sql || echo "-dirty")
+mkdir -p bench/results
+out="bench/results/$commit.txt"
+step "pgbench (results in $out)"
+target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
+    --conf checkpoint_timeout=30min --db bench -- env OUT="$out" bash bench/pgbench.sh
+python3 bench/summarize.py "$out"
