@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The pgbench comparison, run inside a server started by `with-server` (PGHOST etc. set).
+# Alternated throughput runs, inside a server started by `with-server` (PGHOST etc. set),
+# after bench/run.sh created the tables.
 # Variants run alternated (a b c d, a b c d, ...) so drift on a shared machine hits all
 # of them alike; every run starts from empty tables after a CHECKPOINT.
 #
@@ -17,10 +18,6 @@ VARIANTS=${VARIANTS:-"a_effect b_handwritten c_try_claim_bigint d_try_claim_text
 OUT=${OUT:-/dev/null}
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-psql -f "$here/schema.sql"
-[ -n "${LAYOUT_SQL:-}" ] && psql -c "$LAYOUT_SQL"
-psql -c "ALTER DATABASE $PGDATABASE SET dedup.warn_outside_transaction = off"
-
 echo "# pgbench -M prepared -c $CLIENTS -j $THREADS -T $SECONDS_PER_RUN, $ROUNDS rounds, variants alternated" | tee -a "$OUT"
 for sync in $SYNC_MODES; do
     for round in $(seq "$ROUNDS"); do
@@ -34,14 +31,3 @@ for sync in $SYNC_MODES; do
     done
 done
 
-echo "# bytes per claim in dedup.processed after 1,000,000 claims by dedup.try_claim" | tee -a "$OUT"
-for ids in "g::bigint" "gen_random_uuid()"; do
-    psql -c "TRUNCATE dedup.processed" \
-         -c "SELECT count(*) FILTER (WHERE dedup.try_claim($ids)) FROM generate_series(1, 1000000) g" >/dev/null
-    psql -c "VACUUM ANALYZE dedup.processed"
-    psql -At -c "SELECT 'size ids=$ids heap=' || round(pg_relation_size('dedup.processed') / 1e6, 1) \
-        || ' pkey=' || round(pg_relation_size('dedup.processed_pkey') / 1e6, 1) \
-        || ' brin=' || round(pg_relation_size('dedup.processed_processed_at_idx') / 1e6, 3) \
-        || ' total=' || round(pg_total_relation_size('dedup.processed') / 1e6, 1) \
-        || ' avg_row=' || (SELECT round(avg(pg_column_size(p.*)), 1) FROM dedup.processed p)" | tee -a "$OUT"
-done

@@ -12,5 +12,5 @@ mkdir -p bench/results
 out="bench/results/$commit.txt"
 step "pgbench (results in $out)"
 target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
-    --conf checkpoint_timeout=30min --db bench -- env OUT="$out" bash bench/pgbench.sh
+    --conf checkpoint_timeout=30min --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
 python3 bench/summarize.py "$out"

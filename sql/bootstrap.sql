@@ -5,9 +5,8 @@ CREATE TABLE dedup.processed (
     scope        pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     job_id       pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     processed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    CONSTRAINT processed_pkey PRIMARY KEY (scope, job_id)
+    CONSTRAINT processed_pkey PRIMARY KEY (job_id, scope)
 );
-CREATE INDEX processed_processed_at_idx ON dedup.processed USING brin (processed_at);
 
 COMMENT ON TABLE dedup.processed IS
     'Claims taken by dedup.try_claim: one row per (scope, job_id), written in the claiming transaction.';

@@ -79,7 +79,7 @@ fn claim(job_id: &str, scope: Option<&str>) -> bool {
 ///
 /// Returns whether this call inserted the row.
 unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
-    let rel = pg_sys::table_open(processed_relid(), pg_sys::RowExclusiveLock as _);
+    let rel = open_processed();
     check_layout(rel);
 
     let estate = pg_sys::CreateExecutorState();
@@ -248,8 +248,48 @@ unsafe fn text_datum(s: &str) -> pg_sys::Datum {
     ))
 }
 
-/// The OID of `dedup.processed`.
-unsafe fn processed_relid() -> pg_sys::Oid {
+/// The OID of `dedup.processed`, looked up once per backend and forgotten whenever the
+/// relation cache invalidates that relation (DROP EXTENSION, ALTER, VACUUM statistics...).
+static mut PROCESSED_RELID: pg_sys::Oid = pg_sys::InvalidOid;
+
+/// Register the invalidation callback that keeps [`PROCESSED_RELID`] true.
+pub fn init() {
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(Some(forget_processed_relid), pg_sys::Datum::from(0))
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_processed_relid(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let cached = std::ptr::addr_of_mut!(PROCESSED_RELID);
+    if relid == pg_sys::InvalidOid || relid == *cached {
+        *cached = pg_sys::InvalidOid;
+    }
+}
+
+/// Open `dedup.processed` with RowExclusiveLock.
+unsafe fn open_processed() -> pg_sys::Relation {
+    let cached = std::ptr::addr_of_mut!(PROCESSED_RELID);
+    for _ in 0..2 {
+        if *cached == pg_sys::InvalidOid {
+            *cached = lookup_processed_relid();
+        }
+        let relid = *cached;
+        // Taking the lock processes pending invalidations: if one concerned our table
+        // (dropped, or only its statistics changed), look it up again.
+        let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
+        if !rel.is_null() && *cached == relid {
+            return rel;
+        }
+        if !rel.is_null() {
+            pg_sys::table_close(rel, pg_sys::RowExclusiveLock as _);
+        }
+        *cached = pg_sys::InvalidOid;
+    }
+    error::table_missing(FUNC)
+}
+
+unsafe fn lookup_processed_relid() -> pg_sys::Oid {
     let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
     let relid = if nsp == pg_sys::InvalidOid {
         pg_sys::InvalidOid

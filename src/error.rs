@@ -108,8 +108,8 @@ pub fn table_missing(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
         format!("{func}: table dedup.processed does not exist"),
-        "The extension's objects are missing or were renamed; reinstalling loses no claims \
-         only if the table is intact. Check \\dx dedup and \\dt dedup.*.",
+        "Is the extension installed in this database (\\dx dedup)? Its table must not be \
+         dropped or renamed.",
     )
 }
 

@@ -21,6 +21,7 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     guc::init();
+    claim::init();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

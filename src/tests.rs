@@ -282,8 +282,9 @@ mod tests {
 
     #[pg_test]
     fn processed_table_layout() {
-        // Key columns in the "C" collation (bytewise comparison), the primary key, and
-        // the claims dumped by pg_dump.
+        // Key columns in the "C" collation (bytewise comparison); the primary key starts
+        // with job_id, which tells keys apart at the first column; no other index; the
+        // claims are dumped by pg_dump.
         assert_eq!(
             Spi::get_one::<String>(
                 "SELECT string_agg(attname || ':' || coalesce(collname, '-'), ',' ORDER BY attnum) \
@@ -297,7 +298,13 @@ mod tests {
                 "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
                  WHERE conrelid = 'dedup.processed'::regclass AND contype = 'p'"
             ),
-            Ok(Some("PRIMARY KEY (scope, job_id)".to_string()))
+            Ok(Some("PRIMARY KEY (job_id, scope)".to_string()))
+        );
+        assert_eq!(
+            Spi::get_one::<i64>(
+                "SELECT count(*) FROM pg_index WHERE indrelid = 'dedup.processed'::regclass"
+            ),
+            Ok(Some(1))
         );
         assert_eq!(
             Spi::get_one::<bool>(

@@ -1,5 +1,5 @@
--- Candidate layouts for dedup.processed, compared with the same hand-written claim.
-CREATE TABLE effects (job_id bigint NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+-- Candidate layouts for dedup.processed, compared with the same hand-written claim
+-- (bench/schema.sql creates the effects table).
 -- chosen: key columns in "C", BRIN on the claim time
 CREATE TABLE l_c_brin (scope text COLLATE "C" NOT NULL, job_id text COLLATE "C" NOT NULL,
     processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (scope, job_id));

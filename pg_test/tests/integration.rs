@@ -28,6 +28,8 @@ mod errors;
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
 mod isolation_specs;
+#[path = "integration/lifecycle.rs"]
+mod lifecycle;
 #[path = "integration/security.rs"]
 mod security;
 #[path = "integration/upgrade.rs"]
@@ -60,6 +62,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     errors::bad_input_over_the_wire,
     errors::warning_outside_a_transaction_block,
     errors::standby_refuses_claims,
+    lifecycle::extension_recreated_under_a_live_session,
+    lifecycle::altered_table_is_refused,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
     isolation_specs::isolation_specs_pass,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Everything `make bench` measures, inside a server started by `with-server --db bench`:
+#   1. alternated throughput runs of (a) effect alone, (b) the guide's hand-written claim,
+#      (c) dedup.try_claim(bigint), (d) dedup.try_claim(text, scope)       [pgbench.sh]
+#   2. the same four side by side in mixed runs                            [mixed.sh]
+#   3. candidate layouts of the claim table, hand-written, side by side    [mixed.sh]
+#   4. bytes per claim after 1,000,000 claims
+# OUT names the results file.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bindir=${DEDUP_PG_BINDIR:-/usr/lib/postgresql/15/bin}
+OUT=${OUT:-/dev/null}
+export OUT
+psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
+psql -f "$here/schema.sql" -f "$here/layout/schema.sql"
+psql -c "ALTER DATABASE $PGDATABASE SET dedup.warn_outside_transaction = off"
+{ echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores";
+  psql -At -c "SELECT '# settings: ' || string_agg(name || '=' || current_setting(name), ' ') FROM pg_settings WHERE name IN ('shared_buffers', 'max_wal_size', 'fsync', 'wal_level', 'checkpoint_timeout')"; } | tee -a "$OUT"
+
+if [ -z "${SKIP_ALTERNATED:-}" ]; then
+    bash "$here/pgbench.sh"
+fi
+TRUNCATE="effects, my_processed, dedup.processed" \
+    bash "$here/mixed.sh" b_handwritten a_effect c_try_claim_bigint d_try_claim_text_scope
+TRUNCATE="effects, l_c_brin, l_default_brin, l_c_btree, l_c_none" \
+    bash "$here/mixed.sh" layout/l_c_brin layout/l_default_brin layout/l_c_btree layout/l_c_none
+
+echo "# bytes per claim in dedup.processed after 1,000,000 claims by dedup.try_claim" | tee -a "$OUT"
+for ids in "g::bigint" "gen_random_uuid()"; do
+    psql -c "TRUNCATE dedup.processed" \
+         -c "SELECT count(*) FILTER (WHERE dedup.try_claim($ids)) FROM generate_series(1, 1000000) g" >/dev/null
+    psql -c "VACUUM ANALYZE dedup.processed"
+    psql -At -c "SELECT 'size ids=$ids heap=' || round(pg_relation_size('dedup.processed') / 1e6, 1) \
+        || ' pkey=' || round(pg_relation_size('dedup.processed_pkey') / 1e6, 1) \
+        || ' brin=' || round(pg_relation_size('dedup.processed_processed_at_idx') / 1e6, 3) \
+        || ' total=' || round(pg_total_relation_size('dedup.processed') / 1e6, 1) \
+        || ' avg_row=' || (SELECT round(avg(pg_column_size(p.*)), 1) FROM dedup.processed p)" | tee -a "$OUT"
+done
