@@ -22,8 +22,8 @@ if [ -z "${SKIP_ALTERNATED:-}" ]; then
 fi
 TRUNCATE="effects, my_processed, dedup.processed" \
     bash "$here/mixed.sh" b_handwritten a_effect c_try_claim_bigint d_try_claim_text_scope
-TRUNCATE="effects, l_c_brin, l_default_brin, l_c_btree, l_c_none" \
-    bash "$here/mixed.sh" layout/l_c_brin layout/l_default_brin layout/l_c_btree layout/l_c_none
+TRUNCATE="effects, l_chosen, l_scope_first, l_default_collation, l_brin, l_btree" \
+    bash "$here/mixed.sh" layout/l_chosen layout/l_scope_first layout/l_default_collation layout/l_brin layout/l_btree
 
 echo "# bytes per claim in dedup.processed after 1,000,000 claims by dedup.try_claim" | tee -a "$OUT"
 for ids in "g::bigint" "gen_random_uuid()"; do
@@ -32,7 +32,6 @@ for ids in "g::bigint" "gen_random_uuid()"; do
     psql -c "VACUUM ANALYZE dedup.processed"
     psql -At -c "SELECT 'size ids=$ids heap=' || round(pg_relation_size('dedup.processed') / 1e6, 1) \
         || ' pkey=' || round(pg_relation_size('dedup.processed_pkey') / 1e6, 1) \
-        || ' brin=' || round(pg_relation_size('dedup.processed_processed_at_idx') / 1e6, 3) \
         || ' total=' || round(pg_total_relation_size('dedup.processed') / 1e6, 1) \
         || ' avg_row=' || (SELECT round(avg(pg_column_size(p.*)), 1) FROM dedup.processed p)" | tee -a "$OUT"
 done
