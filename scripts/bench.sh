@@ -7,10 +7,13 @@ bash scripts/setup.sh
 step "build and install the extension (release)"
 install_extension --release
 cargo build --quiet -p dedup-pg-test --bin with-server
-commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src sql || echo "-dirty")
+# Results are named after the last commit that changed the extension itself.
+commit=$(git log -1 --format=%h -- src sql Cargo.toml dedup.control)$(git diff --quiet HEAD -- src sql Cargo.toml || echo "-dirty")
 mkdir -p bench/results
 out="bench/results/$commit.txt"
 step "pgbench (results in $out)"
 target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
     --conf checkpoint_timeout=30min --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
+step "instructions per transaction (callgrind)"
+bash bench/callgrind.sh | sed 's/^/callgrind /' | tee -a "$out"
 python3 bench/summarize.py "$out"

@@ -15,6 +15,17 @@ async fn claimed(c: &Conn, who: &str, job: &str) -> Result<bool> {
     Ok(fresh)
 }
 
+/// B's side: the call is printed when it is sent, its result when it returns.
+async fn claimed_after_wait(c: &Conn, job: &str) -> Result<bool> {
+    println!("  B: SELECT dedup.try_claim('{job}')  ...");
+    let fresh: bool = c
+        .query_one("SELECT dedup.try_claim($1)", &[&job])
+        .await?
+        .get(0);
+    println!("  B: ...  ->  {fresh}");
+    Ok(fresh)
+}
+
 async fn wait_blocked(observer: &Conn, pid: i32) -> Result<()> {
     for _ in 0..500 {
         let row = observer
@@ -47,7 +58,7 @@ async fn two_copies(dsn: &str, job: &str, first_ends: &str) -> Result<()> {
     println!("  B: BEGIN");
     let (job_b, b_pid) = (job.to_string(), b.pid);
     let b_task = tokio::spawn(async move {
-        let fresh = claimed(&b, "B", &job_b).await?;
+        let fresh = claimed_after_wait(&b, &job_b).await?;
         if fresh {
             b.execute("INSERT INTO receipts VALUES ($1, 'B')", &[&job_b])
                 .await?;
@@ -61,14 +72,15 @@ async fn two_copies(dsn: &str, job: &str, first_ends: &str) -> Result<()> {
     });
     wait_blocked(&observer, b_pid).await?;
     println!("  B: ... waits: A's transaction holds the claim");
+    // Each of A's actions is printed before it runs: B cannot move before it does.
     if first_ends == "crash" {
+        println!("  A: ** the consumer dies mid-transaction (pg_terminate_backend) **");
         observer
             .execute("SELECT pg_terminate_backend($1)", &[&a.pid])
             .await?;
-        println!("  A: ** consumer dies mid-transaction (pg_terminate_backend) **");
     } else {
-        a.batch_execute("COMMIT").await?;
         println!("  A: COMMIT");
+        a.batch_execute("COMMIT").await?;
     }
     b_task.await??;
     let rows: Vec<String> = observer
