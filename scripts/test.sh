@@ -15,8 +15,9 @@ cargo clippy -p dedup --features pg15 --all-targets --quiet -- -D warnings
 cargo clippy -p dedup-pg-test --all-targets --quiet -- -D warnings
 
 step "#[pg_test] unit tests"
-pgdata="$ROOT/target/pgrx-test-pgdata"
-mkdir -p "$pgdata"
+# Under /tmp: the postgres user must reach it, and the checkout may be under /root (0700).
+pgdata=$(mktemp -d /tmp/dedup-pgrx-XXXXXX)
+trap 'rm -rf "$pgdata"' EXIT
 if [ "$(id -u)" -eq 0 ]; then
     chown postgres: "$pgdata"
     cargo pgrx test pg15 --runas postgres --pgdata "$pgdata"
