@@ -50,7 +50,8 @@ pub fn as_server_user(program: impl AsRef<Path>) -> Command {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<Output> {
+/// Run a command; its output, or an error with its output if it failed.
+pub fn run(cmd: &mut Command) -> Result<Output> {
     let out = cmd
         .stdin(Stdio::null())
         .output()

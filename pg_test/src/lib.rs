@@ -2,9 +2,10 @@
 //! and tokio-postgres connections that keep the server's notices and warnings.
 pub mod cluster;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use futures_util::{stream, StreamExt};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// A connection plus every NOTICE/WARNING the server sent on it.
@@ -58,4 +59,52 @@ pub async fn connect(dsn: &str) -> Result<Conn> {
 /// The SQLSTATE of a failed query, if the server sent one.
 pub fn sqlstate(err: &tokio_postgres::Error) -> Option<&str> {
     err.code().map(|c| c.code())
+}
+
+/// Connect, retrying for up to 60 s while the server starts or recovers from a crash.
+pub async fn connect_when_up(dsn: &str) -> Result<Conn> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match connect(dsn).await {
+            Ok(c) => return Ok(c),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Wait until backend `pid` is blocked on a lock (e.g. another transaction's claim).
+pub async fn wait_until_blocked(observer: &Conn, pid: i32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = observer
+            .query_one(
+                "SELECT coalesce(wait_event_type, '') || ':' || coalesce(wait_event, '') \
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await?;
+        let wait: String = row.get(0);
+        if wait.starts_with("Lock:") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("backend {pid} never blocked (last wait state {wait:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every claim as (scope, job_id, processed_at as text), in key order.
+pub async fn claims(c: &Conn) -> Result<Vec<(String, String, String)>> {
+    Ok(c.query(
+        "SELECT scope, job_id, processed_at::text FROM dedup.processed ORDER BY 1, 2",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect())
 }

@@ -3,8 +3,7 @@
 //! mid-transaction. Every server it starts is stopped at the end, also on Ctrl-C.
 use anyhow::{bail, Result};
 use dedup_pg_test::cluster::{stop_all_on_signal, Cluster, Options};
-use dedup_pg_test::{connect, Conn};
-use std::time::Duration;
+use dedup_pg_test::{connect, wait_until_blocked, Conn};
 
 async fn claimed(c: &Conn, who: &str, job: &str) -> Result<bool> {
     let fresh: bool = c
@@ -24,22 +23,6 @@ async fn claimed_after_wait(c: &Conn, job: &str) -> Result<bool> {
         .get(0);
     println!("  B: ...  ->  {fresh}");
     Ok(fresh)
-}
-
-async fn wait_blocked(observer: &Conn, pid: i32) -> Result<()> {
-    for _ in 0..500 {
-        let row = observer
-            .query_one(
-                "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await?;
-        if row.get::<_, String>(0) == "Lock" {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    bail!("session never blocked")
 }
 
 async fn two_copies(dsn: &str, job: &str, first_ends: &str) -> Result<()> {
@@ -70,7 +53,7 @@ async fn two_copies(dsn: &str, job: &str, first_ends: &str) -> Result<()> {
         println!("  B: COMMIT");
         anyhow::Ok(())
     });
-    wait_blocked(&observer, b_pid).await?;
+    wait_until_blocked(&observer, b_pid).await?;
     println!("  B: ... waits: A's transaction holds the claim");
     // Each of A's actions is printed before it runs: B cannot move before it does.
     if first_ends == "crash" {

@@ -2,9 +2,9 @@
 //! helpers to connect and to watch sessions wait on one another.
 use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::Cluster;
+pub use dedup_pg_test::wait_until_blocked;
 use dedup_pg_test::{connect, sqlstate, Conn};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 pub struct Ctx {
     pub cluster: Arc<Cluster>,
@@ -30,28 +30,6 @@ pub async fn claim(c: &Conn, sql: &str) -> Result<bool> {
         .await
         .with_context(|| sql.to_string())?;
     Ok(row.get(0))
-}
-
-/// Wait until backend `pid` is blocked on a lock (e.g. another transaction's claim).
-pub async fn wait_until_blocked(observer: &Conn, pid: i32) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let row = observer
-            .query_one(
-                "SELECT coalesce(wait_event_type, '') || ':' || coalesce(wait_event, '') \
-                 FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .await?;
-        let wait: String = row.get(0);
-        if wait.starts_with("Lock:") {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("backend {pid} never blocked (last wait state {wait:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The SQLSTATE of `result`'s error, or an error if it succeeded.

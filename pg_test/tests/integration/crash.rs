@@ -4,22 +4,8 @@
 use crate::common::{claim, ensure_eq, Ctx};
 use anyhow::{bail, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
-use dedup_pg_test::{connect, Conn};
-use std::time::{Duration, Instant};
-
-async fn connect_when_up(dsn: &str) -> Result<Conn> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match connect(dsn).await {
-            Ok(c) => return Ok(c),
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
+use dedup_pg_test::{connect, connect_when_up};
+use std::time::Duration;
 
 async fn own_cluster(name: &str) -> Result<(Cluster, String)> {
     let cluster = tokio::task::spawn_blocking({

@@ -1,19 +1,9 @@
 //! `pg_dump | pg_restore` into a new database keeps every claim (pg_extension_config_dump).
 use crate::common::{claim, ensure_eq, Ctx};
-use anyhow::{bail, Result};
+use anyhow::Result;
+use dedup_pg_test::claims;
+use dedup_pg_test::cluster::run;
 use std::process::Command;
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output()?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
 
 pub async fn dump_and_restore_keep_every_claim(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
@@ -26,15 +16,7 @@ pub async fn dump_and_restore_keep_every_claim(ctx: Ctx) -> Result<()> {
          COMMIT;",
     )
     .await?;
-    let before: Vec<(String, String, String)> = c
-        .query(
-            "SELECT scope, job_id, processed_at::text FROM dedup.processed ORDER BY 1, 2",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let before = claims(&c).await?;
 
     let cluster = ctx.cluster.clone();
     let db = ctx.db.clone();
@@ -55,21 +37,14 @@ pub async fn dump_and_restore_keep_every_claim(ctx: Ctx) -> Result<()> {
             run(Command::new(cluster.bindir.join("pg_restore"))
                 .args(conn)
                 .args(["--exit-on-error", "-d", &restored])
-                .arg(&dump))
+                .arg(&dump))?;
+            Ok(())
         }
     })
     .await??;
 
     let r = dedup_pg_test::connect(&ctx.cluster.dsn(&restored)).await?;
-    let after: Vec<(String, String, String)> = r
-        .query(
-            "SELECT scope, job_id, processed_at::text FROM dedup.processed ORDER BY 1, 2",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let after = claims(&r).await?;
     ensure_eq(after.len(), 1003, "claims restored")?;
     ensure_eq(&after, &before, "restored claims, with their times")?;
     r.batch_execute("BEGIN").await?;

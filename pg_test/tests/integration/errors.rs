@@ -2,8 +2,7 @@
 use crate::common::{claim, ensure_eq, Ctx};
 use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
-use dedup_pg_test::connect;
-use std::time::{Duration, Instant};
+use dedup_pg_test::connect_when_up;
 
 pub async fn bad_input_over_the_wire(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
@@ -127,16 +126,7 @@ pub async fn standby_refuses_claims(_ctx: Ctx) -> Result<()> {
         Ok((primary, standby))
     })
     .await??;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let s = loop {
-        match connect(&standby.dsn("app")).await {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => return Err(e),
-        }
-    };
+    let s = connect_when_up(&standby.dsn("app")).await?;
     ensure_eq(
         claim(&s, "SELECT pg_is_in_recovery()").await?,
         true,

@@ -78,15 +78,7 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
          COMMIT;"
     ))
     .await?;
-    let before: Vec<(String, String, String)> = u
-        .query(
-            "SELECT scope, job_id, processed_at::text FROM dedup.processed ORDER BY 1, 2",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let before = dedup_pg_test::claims(&u).await?;
     u.batch_execute("ALTER EXTENSION dedup UPDATE").await?;
     let version: String = u
         .query_one(
@@ -103,15 +95,7 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     if current == OLDEST {
         println!("  only version {OLDEST} exists so far: the update was a no-op; fixture checked");
     }
-    let after: Vec<(String, String, String)> = u
-        .query(
-            "SELECT scope, job_id, processed_at::text FROM dedup.processed ORDER BY 1, 2",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
+    let after = dedup_pg_test::claims(&u).await?;
     ensure_eq(&after, &before, "claims after the update")?;
     u.batch_execute("BEGIN").await?;
     ensure_eq(
