@@ -3,6 +3,7 @@
 # for the same build whatever else the machine is doing. Each variant runs 3,000
 # transactions of claim + effect through prepared statements (EXECUTE), after the same
 # set-up and warm-up; the set-up alone is subtracted.
+# EXTRA_SETUP: one more line of SQL for the set-up (e.g. an index to compare).
 # Needs valgrind and the extension installed (scripts/bench.sh does that); run as root
 # (the server runs as postgres) or as a user that may run postgres.
 set -euo pipefail
@@ -12,9 +13,9 @@ dir=$(mktemp -d /tmp/dedup-callgrind-XXXX)
 trap 'rm -rf "$dir"' EXIT
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-python3 - "$dir" "$N" <<'PY'
+python3 - "$dir" "$N" "${EXTRA_SETUP:-}" <<'PY'
 import random, sys
-d, n = sys.argv[1], int(sys.argv[2])
+d, n, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 random.seed(1)
 setup = """CREATE EXTENSION dedup;
 CREATE TABLE effects (job_id bigint NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
@@ -24,7 +25,7 @@ PREPARE e(bigint) AS INSERT INTO effects (job_id, payload) VALUES ($1, 'receipt'
 PREPARE b(bigint) AS INSERT INTO my_processed (job_id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING job_id;
 PREPARE c(bigint) AS SELECT dedup.try_claim($1::bigint);
 PREPARE d(text) AS SELECT dedup.try_claim($1::text, 'bench');
-"""
+""" + (extra + "\n" if extra else "")
 def txn(v, i):
     claim = {"a": "", "b": f"EXECUTE b({i});\n", "c": f"EXECUTE c({i});\n", "d": f"EXECUTE d('{i}');\n"}[v]
     return f"BEGIN;\n{claim}EXECUTE e({i});\nCOMMIT;\n"

@@ -38,13 +38,18 @@ fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
     if job_id.len() > error::MAX_JOB_ID_BYTES {
         error::too_long(FUNC, "job_id", job_id.len(), error::MAX_JOB_ID_BYTES);
     }
+    check_scope(FUNC, scope);
+    scope
+}
+
+/// A scope is 1 to [`error::MAX_SCOPE_BYTES`] bytes.
+pub(crate) fn check_scope(func: &str, scope: &str) {
     if scope.is_empty() {
-        error::empty_argument(FUNC, "scope");
+        error::empty_argument(func, "scope");
     }
     if scope.len() > error::MAX_SCOPE_BYTES {
-        error::too_long(FUNC, "scope", scope.len(), error::MAX_SCOPE_BYTES);
+        error::too_long(func, "scope", scope.len(), error::MAX_SCOPE_BYTES);
     }
-    scope
 }
 
 fn check_transaction() {
@@ -268,7 +273,7 @@ unsafe extern "C-unwind" fn forget_processed_relid(_arg: pg_sys::Datum, relid: p
 }
 
 /// Open `dedup.processed` with RowExclusiveLock.
-unsafe fn open_processed() -> pg_sys::Relation {
+pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
     let cached = std::ptr::addr_of_mut!(PROCESSED_RELID);
     for _ in 0..2 {
         if *cached == pg_sys::InvalidOid {
@@ -286,7 +291,7 @@ unsafe fn open_processed() -> pg_sys::Relation {
         }
         *cached = pg_sys::InvalidOid;
     }
-    error::table_missing(FUNC)
+    error::table_missing()
 }
 
 unsafe fn lookup_processed_relid() -> pg_sys::Oid {
@@ -297,7 +302,7 @@ unsafe fn lookup_processed_relid() -> pg_sys::Oid {
         pg_sys::get_relname_relid(c"processed".as_ptr(), nsp)
     };
     if relid == pg_sys::InvalidOid {
-        error::table_missing(FUNC);
+        error::table_missing();
     }
     relid
 }

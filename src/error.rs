@@ -20,11 +20,24 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
         format!("{func}: {arg} must not be NULL"),
-        if arg == "scope" {
+        if arg == "scope" && func == "dedup.try_claim" {
             "Omit the argument to use the scope 'default', or pass a scope name."
+        } else if arg == "scope" {
+            "Pass a scope name; the scope of claims made without one is 'default'."
         } else {
             "A job without an id cannot be deduplicated: pass the message's unique id (a NULL \
              claim read as \"not claimed\" would skip the job)."
+        },
+    )
+}
+
+pub fn not_positive(func: &str, arg: &str, value: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{func}: {arg} must be positive, not {value}"),
+        match arg {
+            "max_rows" => "Pass NULL (the default) to prune every expired claim.",
+            _ => "Pass NULL to remove the scope's own retention and use dedup.retention.",
         },
     )
 }
@@ -104,10 +117,10 @@ pub fn serialization_failure(func: &str) -> ! {
     )
 }
 
-pub fn table_missing(func: &str) -> ! {
+pub fn table_missing() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
-        format!("{func}: table dedup.processed does not exist"),
+        "dedup: table dedup.processed does not exist".to_string(),
         "Is the extension installed in this database (\\dx dedup)? Its table must not be \
          dropped or renamed.",
     )
@@ -120,4 +133,21 @@ pub fn unexpected_layout(func: &str) -> ! {
         "If the library was upgraded, run ALTER EXTENSION dedup UPDATE; dedup.processed must \
          not be altered by hand.",
     )
+}
+
+pub fn warn_short_retention(what: &str, seconds: i64) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("{what} of {seconds} s is shorter than a minute"),
+        "dedup",
+    )
+    .set_detail(
+        "A duplicate that arrives after its claim was pruned runs again: retention must be \
+         longer than the latest a duplicate can arrive.",
+    )
+    .set_hint(
+        "Size it from the longest redelivery or replay horizon: producer retries, the \
+         visibility or claim timeout, replays from stream history or a dead-letter queue.",
+    )
+    .report(PgLogLevel::WARNING);
 }

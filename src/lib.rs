@@ -6,11 +6,19 @@ use pgrx::prelude::*;
 mod claim;
 mod error;
 mod guc;
+mod prune;
+mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
 
 // The managed table and its privileges; runs before any function is created.
 extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+// 0.2.0: per-scope retention and the record of prune passes.
+extension_sql_file!(
+    "../sql/retention.sql",
+    name = "retention",
+    requires = ["bootstrap"]
+);
 
 /// Called once per backend when the library is loaded (at the first call of one of
 /// our functions, or at server start with `shared_preload_libraries`).
@@ -22,6 +30,9 @@ pub extern "C-unwind" fn _PG_init() {
     }
     guc::init();
     claim::init();
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        worker::register_launcher();
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -313,4 +313,178 @@ mod tests {
             Ok(Some(true))
         );
     }
+
+    fn count(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql)
+            .expect("query failed")
+            .expect("NULL count")
+    }
+
+    /// Claims of every (scope, age) pair, 350 each: more than three batches of 100.
+    fn load_aged_claims() {
+        Spi::run(
+            "INSERT INTO dedup.processed (scope, job_id, processed_at) \
+             SELECT v.scope, v.scope || '/' || v.age || '/' || g, now() - v.age::interval \
+               FROM (VALUES ('default', '8 days'), ('default', '6 days'), \
+                            ('payments', '31 days'), ('payments', '8 days'), \
+                            ('fast', '2 hours'), ('fast', '30 minutes')) AS v(scope, age), \
+                    generate_series(1, 350) AS g",
+        )
+        .unwrap();
+        Spi::run("SELECT dedup.set_retention('payments', '30 days'), dedup.set_retention('fast', '1 hour')")
+            .unwrap();
+        Spi::run("SET LOCAL dedup.prune_batch_size = 100").unwrap();
+    }
+
+    #[pg_test]
+    fn prune_deletes_exactly_the_expired_claims() {
+        load_aged_claims();
+        // Expired: default 8 days (retention 7 days), payments 31 days (30), fast 2 hours (1).
+        assert_eq!(count("SELECT dedup.prune()"), 1050);
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT string_agg(DISTINCT split_part(job_id, '/', 1) || ' ' || split_part(job_id, '/', 2), ', ') \
+                 FROM dedup.processed"
+            ),
+            Ok(Some("default 6 days, fast 30 minutes, payments 8 days".to_string()))
+        );
+        assert_eq!(count("SELECT count(*) FROM dedup.processed"), 1050);
+        assert_eq!(count("SELECT dedup.prune()"), 0);
+        // The pass is recorded: all scopes (NULL) and each scope it deleted from.
+        assert_eq!(
+            Spi::get_one::<String>(
+                "SELECT string_agg(coalesce(scope, '*') || '=' || rows_deleted, ' ' ORDER BY scope NULLS FIRST) \
+                 FROM dedup.prune_status"
+            ),
+            Ok(Some("*=0 default=350 fast=350 payments=350".to_string()))
+        );
+    }
+
+    #[pg_test]
+    fn prune_of_one_scope_and_at_most_max_rows() {
+        load_aged_claims();
+        assert_eq!(count("SELECT dedup.prune('fast')"), 350);
+        assert_eq!(count("SELECT dedup.prune('default', max_rows => 120)"), 120);
+        assert_eq!(count("SELECT dedup.prune(max_rows => 1000)"), 580);
+        assert_eq!(count("SELECT dedup.prune()"), 0);
+        // A claim exactly at the retention boundary is younger than it: kept.
+        Spi::run(
+            "INSERT INTO dedup.processed VALUES ('default', 'edge', now() - interval '7 days')",
+        )
+        .unwrap();
+        assert_eq!(count("SELECT dedup.prune()"), 0);
+    }
+
+    #[pg_test]
+    fn retention_in_force_per_scope() {
+        assert_eq!(
+            Spi::get_one::<String>("SELECT dedup.retention()::text"),
+            Ok(Some("7 days".into()))
+        );
+        Spi::run("SET LOCAL dedup.retention = '1d'").unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT dedup.retention('any')::text"),
+            Ok(Some("1 day".into()))
+        );
+        Spi::run("SELECT dedup.set_retention('q', '2 days 3 hours')").unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT dedup.retention('q')::text"),
+            Ok(Some("2 days 03:00:00".into()))
+        );
+        Spi::run("SELECT dedup.set_retention('q', NULL)").unwrap();
+        assert_eq!(
+            Spi::get_one::<String>("SELECT dedup.retention('q')::text"),
+            Ok(Some("1 day".into()))
+        );
+    }
+
+    #[pg_test]
+    fn settings_take_units() {
+        for (set, show) in [
+            ("SET LOCAL dedup.retention = '7d'", "7d"),
+            ("SET LOCAL dedup.retention = '36h'", "36h"),
+            ("SET LOCAL dedup.retention = 90", "90s"),
+            ("SET LOCAL dedup.prune_batch_size = 250", "250"),
+        ] {
+            Spi::run(set).unwrap();
+            let name = set.split_whitespace().nth(2).unwrap();
+            assert_eq!(
+                Spi::get_one::<String>(&format!("SELECT current_setting('{name}')")),
+                Ok(Some(show.to_string())),
+                "{set}"
+            );
+        }
+    }
+
+    /// Bad input to the retention functions: (SQL, SQLSTATE, words the message must contain).
+    const BAD_RETENTION_INPUT: &[(&str, &str, &str)] = &[
+        (
+            "SELECT dedup.set_retention(NULL, '1 day')",
+            "22004",
+            "scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.set_retention('', '1 day')",
+            "22023",
+            "scope must not be empty",
+        ),
+        (
+            "SELECT dedup.set_retention(repeat('s', 129), '1 day')",
+            "22001",
+            "scope is 129 bytes long",
+        ),
+        (
+            "SELECT dedup.set_retention('q', '0 seconds')",
+            "22023",
+            "retention must be positive",
+        ),
+        (
+            "SELECT dedup.set_retention('q', '-1 day')",
+            "22023",
+            "retention must be positive",
+        ),
+        (
+            "SELECT dedup.prune(max_rows => 0)",
+            "22023",
+            "max_rows must be positive",
+        ),
+        (
+            "SELECT dedup.prune(max_rows => -5)",
+            "22023",
+            "max_rows must be positive",
+        ),
+        (
+            "SELECT dedup.retention(NULL)",
+            "22004",
+            "scope must not be NULL",
+        ),
+        ("SET LOCAL dedup.retention = 0", "22023", "dedup.retention"),
+        (
+            "SET LOCAL dedup.prune_batch_size = 10",
+            "22023",
+            "dedup.prune_batch_size",
+        ),
+    ];
+
+    #[pg_test]
+    fn bad_retention_input_is_an_error_with_sqlstate() {
+        for (sql, state, words) in BAD_RETENTION_INPUT {
+            let Some((got_state, message, _hint)) = error_of(sql) else {
+                panic!("{sql} did not fail");
+            };
+            assert_eq!(&got_state, state, "{sql}: {message}");
+            assert!(
+                message.contains(words),
+                "{sql}: message {message:?} lacks {words:?}"
+            );
+        }
+        assert_eq!(count("SELECT count(*) FROM dedup.scope_retention"), 0);
+    }
+
+    #[pg_test]
+    fn prune_in_a_read_only_transaction_is_refused() {
+        Spi::run("SET LOCAL transaction_read_only = on").unwrap();
+        let (state, message, _) = error_of("SELECT dedup.prune()").expect("no error");
+        assert_eq!(state, "25006", "{message}");
+    }
 }

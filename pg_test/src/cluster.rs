@@ -156,8 +156,9 @@ impl Cluster {
         Ok(c)
     }
 
-    /// A streaming standby of `primary`, started (hot standby: read-only queries work).
-    pub fn standby_of(primary: &Cluster) -> Result<Cluster> {
+    /// A streaming standby of `primary`, started (hot standby: read-only queries work), with
+    /// `opts` added to the configuration it copied from the primary.
+    pub fn standby_of(primary: &Cluster, opts: Options) -> Result<Cluster> {
         let dir = Self::make_dir("standby")?;
         let data = dir.join("data");
         run(as_server_user(primary.bindir.join("pg_basebackup"))
@@ -183,7 +184,7 @@ impl Cluster {
             bindir: primary.bindir.clone(),
             running: false,
         };
-        c.write_conf(&Options::default())?;
+        c.write_conf(&opts)?;
         c.start_server()?;
         Ok(c)
     }
@@ -262,6 +263,28 @@ impl Cluster {
     /// Start again after [`Cluster::stop`], on the same port.
     pub fn start_again(&mut self) -> Result<()> {
         self.start_server()
+    }
+
+    /// `pg_ctl promote`: the standby leaves recovery and accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        self.pg_ctl(&["-w", "-t", "120", "promote"])?;
+        Ok(())
+    }
+
+    /// Add settings to postgresql.conf (they apply at the next reload or restart).
+    pub fn append_conf(&self, opts: &Options) -> Result<()> {
+        let path = self.data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&path)?;
+        for (k, v) in &opts.conf {
+            text.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
+        }
+        std::fs::write(&path, text)?;
+        Ok(())
+    }
+
+    /// The whole server log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
     }
 
     /// The last `n` lines of the server log.

@@ -30,10 +30,14 @@ mod isolation_levels;
 mod isolation_specs;
 #[path = "integration/lifecycle.rs"]
 mod lifecycle;
+#[path = "integration/retention.rs"]
+mod retention;
 #[path = "integration/security.rs"]
 mod security;
 #[path = "integration/upgrade.rs"]
 mod upgrade;
+#[path = "integration/worker.rs"]
+mod worker;
 
 use common::Ctx;
 
@@ -64,6 +68,13 @@ const TESTS: &[(&str, TestFn)] = tests![
     errors::standby_refuses_claims,
     lifecycle::extension_recreated_under_a_live_session,
     lifecycle::altered_table_is_refused,
+    retention::prune_and_set_retention_are_for_privileged_roles,
+    retention::a_retention_under_a_minute_warns,
+    retention::claims_racing_a_prune_of_their_keys_have_one_winner,
+    worker::worker_prunes_every_database_with_the_extension,
+    worker::worker_is_restarted_after_kill_9,
+    worker::fast_stop_is_not_held_up_by_a_large_prune,
+    worker::standby_does_not_prune_until_promoted,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
     isolation_specs::isolation_specs_pass,

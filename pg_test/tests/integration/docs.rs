@@ -34,7 +34,7 @@ pub async fn readme_documents_every_function_and_setting(ctx: Ctx) -> Result<()>
 
     let functions: BTreeSet<String> = c
         .query(
-            "SELECT 'dedup.' || p.proname || '(' || replace(pg_get_function_arguments(p.oid), '::text', '') || ')' \
+            "SELECT 'dedup.' || p.proname || '(' || regexp_replace(pg_get_function_arguments(p.oid), '::[a-z_]+', '', 'g') || ')' \
              FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
              WHERE n.nspname = 'dedup' AND p.proname NOT LIKE '\\_%'",
             &[],
@@ -74,21 +74,25 @@ pub async fn readme_documents_every_function_and_setting(ctx: Ctx) -> Result<()>
             in_readme.difference(&settings).collect::<Vec<_>>()
         );
     }
-    // Each documented setting states its default as the server reports it.
+    // Each documented setting's row: | `name` | `default as SHOW prints it` | unit | context | ...
     for row in c
         .query(
-            "SELECT name, reset_val, coalesce(unit, '') FROM pg_settings WHERE name LIKE 'dedup.%'",
+            "SELECT name, current_setting(name), coalesce(unit, '-'), context \
+             FROM pg_settings WHERE name LIKE 'dedup.%'",
             &[],
         )
         .await?
     {
-        let (name, default, unit): (String, String, String) = (row.get(0), row.get(1), row.get(2));
-        let line = readme
-            .lines()
-            .find(|l| l.starts_with(&format!("| `{name}`")))
-            .unwrap_or_default();
-        if !line.contains(&format!("`{default}{unit}`")) {
-            bail!("README row for {name} does not give its default `{default}{unit}`: {line}");
+        let (name, default, unit, context): (String, String, String, String) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let default = if default.is_empty() {
+            "''".to_string()
+        } else {
+            default
+        };
+        let want = format!("| `{name}` | `{default}` | {unit} | {context} |");
+        if !readme.lines().any(|l| l.starts_with(&want)) {
+            bail!("README has no settings row starting with {want}");
         }
     }
     Ok(())

@@ -122,7 +122,7 @@ pub async fn standby_refuses_claims(_ctx: Ctx) -> Result<()> {
             "app",
             "BEGIN; SELECT dedup.try_claim('before-standby'); COMMIT",
         )?;
-        let standby = Cluster::standby_of(&primary)?;
+        let standby = Cluster::standby_of(&primary, Options::default())?;
         Ok((primary, standby))
     })
     .await??;

@@ -30,6 +30,55 @@ fn blocks(script: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Everything about the extension's objects that an upgrade script must get right: each
+/// member object with its definition, columns, indexes, constraints, privileges and
+/// comment; the tables pg_dump dumps; the schema's privileges.
+const CATALOG_SIGNATURE: &str = r#"
+WITH ext AS (SELECT oid, extconfig FROM pg_extension WHERE extname = 'dedup'),
+members AS (
+    SELECT d.classid, d.objid, d.objsubid FROM pg_depend d, ext
+     WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e')
+SELECT pg_describe_object(m.classid, m.objid, m.objsubid) || ' ' || coalesce(CASE m.classid
+    WHEN 'pg_proc'::regclass THEN (
+        SELECT pg_get_functiondef(p.oid) || ' acl=' || coalesce(p.proacl::text, '-')
+               || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '-')
+          FROM pg_proc p WHERE p.oid = m.objid)
+    WHEN 'pg_class'::regclass THEN (
+        SELECT c.relkind::text || ' acl=' || coalesce(c.relacl::text, '-')
+               || ' comment=' || coalesce(obj_description(c.oid, 'pg_class'), '-')
+               || ' columns=' || coalesce((
+                    SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                                      || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                                      || ' collate ' || coalesce(co.collname, '-')
+                                      || ' default ' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '-'),
+                                      ', ' ORDER BY a.attnum)
+                      FROM pg_attribute a
+                      LEFT JOIN pg_collation co ON co.oid = a.attcollation
+                      LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+                     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '-')
+               || ' indexes=' || coalesce((
+                    SELECT string_agg(pg_get_indexdef(i.indexrelid), '; ' ORDER BY 1)
+                      FROM pg_index i WHERE i.indrelid = c.oid), '-')
+               || ' constraints=' || coalesce((
+                    SELECT string_agg(k.conname || ' ' || pg_get_constraintdef(k.oid), '; ' ORDER BY k.conname)
+                      FROM pg_constraint k WHERE k.conrelid = c.oid), '-')
+               || ' view=' || CASE WHEN c.relkind = 'v' THEN pg_get_viewdef(c.oid) ELSE '-' END
+          FROM pg_class c WHERE c.oid = m.objid)
+    ELSE '' END, '?')
+  FROM members m
+UNION ALL SELECT 'extconfig ' || (SELECT extconfig::regclass[]::text FROM ext)
+UNION ALL SELECT 'schema acl ' || (SELECT nspacl::text FROM pg_namespace WHERE nspname = 'dedup')
+ORDER BY 1
+"#;
+
+async fn catalog_signature(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
+    Ok(c.query(CATALOG_SIGNATURE, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
 pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
     let current: String = c
@@ -97,6 +146,22 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     }
     let after = dedup_pg_test::claims(&u).await?;
     ensure_eq(&after, &before, "claims after the update")?;
+
+    // The upgraded extension is exactly a new install of the current version.
+    let fresh_db = format!("{}_fresh", ctx.db);
+    c.batch_execute(&format!("CREATE DATABASE {fresh_db}"))
+        .await?;
+    let fresh = dedup_pg_test::connect(&ctx.cluster.dsn(&fresh_db)).await?;
+    fresh.batch_execute("CREATE EXTENSION dedup").await?;
+    let (upgraded, installed) = (
+        catalog_signature(&u).await?,
+        catalog_signature(&fresh).await?,
+    );
+    if upgraded != installed {
+        let only_upgraded: Vec<_> = upgraded.iter().filter(|l| !installed.contains(l)).collect();
+        let only_installed: Vec<_> = installed.iter().filter(|l| !upgraded.contains(l)).collect();
+        bail!("upgraded and freshly installed catalogs differ\nonly after the upgrade: {only_upgraded:#?}\nonly in a new install: {only_installed:#?}");
+    }
     u.batch_execute("BEGIN").await?;
     ensure_eq(
         claim(&u, "SELECT dedup.try_claim('old-text')").await?,
@@ -124,5 +189,24 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
         "new claims",
     )?;
     u.batch_execute("COMMIT").await?;
+    // The API the later versions added works on the upgraded claims.
+    if current != OLDEST {
+        u.batch_execute(
+            "UPDATE dedup.processed SET processed_at = now() - interval '8 days' WHERE job_id = 'old-text';
+             SELECT dedup.set_retention('old-scope', '30 days');",
+        )
+        .await?;
+        let pruned: i64 = u.query_one("SELECT dedup.prune()", &[]).await?.get(0);
+        ensure_eq(pruned, 1, "claims pruned after the upgrade")?;
+        let kept: String = u
+            .query_one("SELECT dedup.retention('old-scope')::text", &[])
+            .await?
+            .get(0);
+        ensure_eq(
+            kept.as_str(),
+            "30 days",
+            "retention of a scope after the upgrade",
+        )?;
+    }
     Ok(())
 }

@@ -1,0 +1,166 @@
+//! Retention over real connections: who may prune, warnings for a retention that defeats
+//! deduplication, and claims racing a prune of their own keys.
+use crate::common::{ensure_eq, expect_sqlstate, Ctx};
+use anyhow::{bail, Result};
+use rand::seq::SliceRandom;
+
+pub async fn prune_and_set_retention_are_for_privileged_roles(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    let role = format!("ops_{}", ctx.db);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             INSERT INTO dedup.processed VALUES ('default', 'old', now() - interval '8 days');"
+        ))
+        .await?;
+    let w = ctx.connect_as(&role).await?;
+    for sql in [
+        "SELECT dedup.prune()",
+        "SELECT dedup.set_retention('x', '1 day')",
+        "SELECT * FROM dedup.prune_status",
+        "DELETE FROM dedup.scope_retention",
+        "INSERT INTO dedup.scope_retention VALUES ('x', '1 second')",
+    ] {
+        let state = expect_sqlstate(w.batch_execute(sql).await, sql)?;
+        ensure_eq(state.as_str(), "42501", sql)?;
+    }
+    // Anyone may read the retention in force.
+    let r: String = w
+        .query_one("SELECT dedup.retention('x')::text", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        r.as_str(),
+        "7 days",
+        "dedup.retention as an unprivileged role",
+    )?;
+    // Granted, the functions work (SECURITY DEFINER: no privilege on the tables needed).
+    admin
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION dedup.prune(text, bigint), dedup.set_retention(text, interval) TO {role};
+             GRANT pg_monitor TO {role};"
+        ))
+        .await?;
+    w.batch_execute("SELECT dedup.set_retention('x', '1 day')")
+        .await?;
+    let n: i64 = w.query_one("SELECT dedup.prune()", &[]).await?.get(0);
+    ensure_eq(n, 1, "claims pruned by a granted role")?;
+    let by: String = w
+        .query_one(
+            "SELECT pruned_by FROM dedup.prune_status WHERE scope IS NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(by.as_str(), role.as_str(), "prune_status.pruned_by")?;
+    Ok(())
+}
+
+pub async fn a_retention_under_a_minute_warns(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    // A setting is checked once the library is loaded in the session (as with preloading).
+    c.batch_execute("LOAD 'dedup'").await?;
+    let warned = |c: &dedup_pg_test::Conn| {
+        c.take_notices()
+            .iter()
+            .any(|n| n.severity() == "WARNING" && n.message().contains("shorter than a minute"))
+    };
+    for (sql, warns) in [
+        ("SET dedup.retention = '30s'", true),
+        ("SET dedup.retention = '2min'", false),
+        ("SELECT dedup.set_retention('q', '10 seconds')", true),
+        ("SELECT dedup.set_retention('q', '5 minutes')", false),
+        (
+            &format!("ALTER DATABASE {} SET dedup.retention = '10s'", ctx.db) as &str,
+            true,
+        ),
+        (
+            &format!("ALTER DATABASE {} RESET dedup.retention", ctx.db),
+            false,
+        ),
+        // And every manual prune with such a retention.
+        ("SET dedup.retention = '2min'", false),
+        ("SELECT dedup.prune()", false),
+        ("SET dedup.retention = '20s'", true),
+        ("SELECT dedup.prune()", true),
+    ] {
+        c.batch_execute(sql).await?;
+        c.batch_execute("SELECT 1").await?;
+        ensure_eq(warned(&c), warns, sql)?;
+    }
+    Ok(())
+}
+
+pub async fn claims_racing_a_prune_of_their_keys_have_one_winner(ctx: Ctx) -> Result<()> {
+    const KEYS: i64 = 5000;
+    const CLAIMERS: usize = 8;
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO dedup.processed SELECT 'race', 'k-' || g, now() - interval '8 days' \
+             FROM generate_series(1, {KEYS}) g"
+        ))
+        .await?;
+    let pruner = ctx.connect().await?;
+    pruner
+        .batch_execute("SET dedup.prune_batch_size = 200")
+        .await?;
+    let prune = tokio::spawn(async move {
+        let n: i64 = pruner
+            .query_one("SELECT dedup.prune('race')", &[])
+            .await?
+            .get(0);
+        anyhow::Ok(n)
+    });
+    let mut tasks = Vec::new();
+    for _ in 0..CLAIMERS {
+        let c = ctx.connect().await?;
+        tasks.push(tokio::spawn(async move {
+            let mut keys: Vec<i64> = (1..=KEYS).collect();
+            keys.shuffle(&mut rand::rng());
+            let stmt = c
+                .prepare("SELECT dedup.try_claim('k-' || $1::bigint, 'race')")
+                .await?;
+            let mut won = Vec::new();
+            for k in keys {
+                c.batch_execute("BEGIN").await?;
+                let fresh: bool = c.query_one(&stmt, &[&k]).await?.get(0);
+                c.batch_execute("COMMIT").await?;
+                if fresh {
+                    won.push(k);
+                }
+            }
+            anyhow::Ok(won)
+        }));
+    }
+    let pruned = prune.await??;
+    let mut winners = std::collections::HashMap::new();
+    for t in tasks {
+        for k in t.await?? {
+            *winners.entry(k).or_insert(0) += 1;
+        }
+    }
+    if let Some((k, n)) = winners.iter().find(|(_, n)| **n > 1) {
+        bail!("key k-{k} had {n} winners");
+    }
+    let row = admin
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE processed_at > now() - interval '1 hour') \
+             FROM dedup.processed WHERE scope = 'race'",
+            &[],
+        )
+        .await?;
+    let (rows, fresh): (i64, i64) = (row.get(0), row.get(1));
+    // Every old claim is gone; every winner's claim is the only row of its key.
+    ensure_eq(pruned, KEYS, "claims pruned")?;
+    ensure_eq(
+        (rows, fresh),
+        (winners.len() as i64, winners.len() as i64),
+        "rows left: one per winner",
+    )?;
+    println!(
+        "  {pruned} pruned while {CLAIMERS} connections claimed the same keys: {} re-claimed",
+        winners.len()
+    );
+    Ok(())
+}

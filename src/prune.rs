@@ -1,0 +1,419 @@
+//! Retention: deleting claims older than their scope's retention, in short batches.
+//!
+//! The claim table has no index on time: one would cost every claim about 7% more
+//! instructions (README, "Retention"). A pass sweeps the table instead. Each batch reads a
+//! range of [`BLOCKS_PER_BATCH`] blocks through a bulk-read buffer ring (as VACUUM and large
+//! sequential scans do, so a pass does not push the working set out of shared_buffers),
+//! collects the expired claims it sees, at most `dedup.prune_batch_size`, and deletes them
+//! by TID with a DELETE that checks their age again. The background worker commits every
+//! batch; `dedup.prune()` runs its batches inside the caller's transaction.
+//!
+//! Concurrent claims are never blocked by a prune except for the key being deleted: a
+//! claim of a key whose old row a batch is deleting waits for that batch to commit, then
+//! inserts its new row (one winner, by the primary key, as always).
+use crate::{claim, error, guc};
+use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// Blocks read per batch: 8 MB with 8 kB pages.
+pub const BLOCKS_PER_BATCH: u32 = 1024;
+
+/// The advisory lock that keeps two prunes of one database apart ('dedu', 1).
+pub const LOCK_KEY: (i32, i32) = (0x6465_6475, 1);
+
+const FUNC: &str = "dedup.prune";
+
+/// What a pass did.
+#[derive(Default)]
+pub struct Pass {
+    pub deleted: i64,
+    pub per_scope: BTreeMap<String, i64>,
+    pub elapsed: Duration,
+}
+
+/// Who runs the batches' transactions.
+pub enum Transactions<'a> {
+    /// All batches run in the caller's transaction (`dedup.prune()`).
+    Caller,
+    /// Each batch is a transaction of its own, started and committed here (the worker);
+    /// `stop` is asked between batches whether to stop early.
+    PerBatch { stop: &'a dyn Fn() -> bool },
+}
+
+/// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch.
+struct Cutoffs {
+    global: i64,
+    scopes: HashMap<String, i64>,
+}
+
+impl Cutoffs {
+    /// Read the retentions in force now (inside a transaction).
+    fn load() -> Cutoffs {
+        let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+        let global = now - i64::from(guc::RETENTION.get()) * 1_000_000;
+        let scopes = Spi::connect(|c| {
+            let rows = c.select(
+                "SELECT r.scope, pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                 FROM dedup.scope_retention AS r",
+                None,
+                &[],
+            )?;
+            let mut scopes = HashMap::new();
+            for row in rows {
+                let scope: String = row.get(1)?.unwrap_or_default();
+                let cutoff: TimestampWithTimeZone = row.get(2)?.expect("retention is NOT NULL");
+                scopes.insert(scope, pg_sys::TimestampTz::from(cutoff));
+            }
+            Ok::<_, pgrx::spi::Error>(scopes)
+        })
+        .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.scope_retention failed: {e}"));
+        Cutoffs { global, scopes }
+    }
+
+    fn of(&self, scope: &str) -> i64 {
+        *self.scopes.get(scope).unwrap_or(&self.global)
+    }
+}
+
+/// The claim table's size in blocks now.
+fn table_blocks() -> u32 {
+    unsafe {
+        let rel = claim::open_processed();
+        let n = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        n
+    }
+}
+
+/// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`.
+unsafe fn expired_in_range(
+    start: u32,
+    count: u32,
+    scope: Option<&str>,
+    cutoffs: &Cutoffs,
+    limit: usize,
+) -> Vec<pg_sys::ItemPointerData> {
+    let rel = claim::open_processed();
+    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+    // allow_strat: a bulk-read ring when the table is larger than a quarter of
+    // shared_buffers; allow_sync: no, we scan a fixed range.
+    let scan = pg_sys::table_beginscan_strat(rel, snapshot, 0, std::ptr::null_mut(), true, false);
+    pg_sys::heap_setscanlimits(scan, start, count);
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut tids = Vec::new();
+    while tids.len() < limit
+        && pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
+    {
+        let mut isnull = false;
+        let at = pg_sys::slot_getattr(slot, 3, &mut isnull).value() as i64;
+        let row_scope = <&str>::from_datum(pg_sys::slot_getattr(slot, 1, &mut isnull), false)
+            .expect("scope is NOT NULL");
+        if scope.is_some_and(|s| s != row_scope) {
+            continue;
+        }
+        if at < cutoffs.of(row_scope) {
+            tids.push((*slot).tts_tid);
+        }
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::table_endscan(scan);
+    pg_sys::UnregisterSnapshot(snapshot);
+    pg_sys::table_close(rel, pg_sys::NoLock as _);
+    tids
+}
+
+/// Delete the claims at `tids` that are still expired; count them per scope.
+fn delete_expired(
+    tids: Vec<pg_sys::ItemPointerData>,
+    per_scope: &mut BTreeMap<String, i64>,
+) -> i64 {
+    let args = [
+        DatumWithOid::from(tids),
+        DatumWithOid::from(f64::from(guc::RETENTION.get())),
+    ];
+    Spi::connect_mut(|c| {
+        let rows = c.update(
+            "DELETE FROM dedup.processed AS p \
+             WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+               AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
+                     (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                        FROM dedup.scope_retention AS r \
+                       WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
+                     pg_catalog.now() OPERATOR(pg_catalog.-) \
+                       pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
+             RETURNING p.scope",
+            None,
+            &args,
+        )?;
+        let mut n = 0;
+        for row in rows {
+            let scope: String = row.get(1)?.unwrap_or_default();
+            *per_scope.entry(scope).or_default() += 1;
+            n += 1;
+        }
+        Ok::<_, pgrx::spi::Error>(n)
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))
+}
+
+/// One batch, inside a transaction: returns how many it deleted and whether the block range
+/// may hold more expired claims (the batch stopped at its row limit).
+fn batch(start: u32, count: u32, scope: Option<&str>, limit: usize, pass: &mut Pass) -> bool {
+    let cutoffs = Cutoffs::load();
+    let tids = unsafe { expired_in_range(start, count, scope, &cutoffs, limit) };
+    let full = tids.len() == limit;
+    if !tids.is_empty() {
+        pass.deleted += delete_expired(tids, &mut pass.per_scope);
+    }
+    full
+}
+
+/// Run `f` in a transaction of its own; on an error, abort the transaction and return the
+/// error's message (the worker's way of carrying on after an error).
+pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    let f = std::panic::AssertUnwindSafe(f);
+    let result = PgTryBuilder::new(move || Ok(f()))
+        .catch_others(|e| {
+            Err(match e {
+                pg_sys::panic::CaughtError::PostgresError(r)
+                | pg_sys::panic::CaughtError::ErrorReport(r)
+                | pg_sys::panic::CaughtError::RustPanic { ereport: r, .. } => {
+                    r.message().to_string()
+                }
+            })
+        })
+        .execute();
+    unsafe {
+        if result.is_ok() {
+            pg_sys::PopActiveSnapshot();
+            pg_sys::CommitTransactionCommand();
+        } else {
+            pg_sys::AbortCurrentTransaction();
+        }
+    }
+    result
+}
+
+/// Sweep the claim table once, deleting expired claims of `scope` (all scopes when None),
+/// at most `max_rows` (no limit when None).
+pub fn run_pass(
+    scope: Option<&str>,
+    max_rows: Option<i64>,
+    transactions: &Transactions,
+) -> Result<Pass, String> {
+    let started = Instant::now();
+    let mut pass = Pass::default();
+    let batch_size = guc::PRUNE_BATCH_SIZE.get() as i64;
+    let blocks = match transactions {
+        Transactions::Caller => table_blocks(),
+        Transactions::PerBatch { .. } => in_transaction(table_blocks)?,
+    };
+    let mut start = 0;
+    while start < blocks {
+        let limit = match max_rows {
+            Some(max) if max - pass.deleted <= 0 => break,
+            Some(max) => (max - pass.deleted).min(batch_size),
+            None => batch_size,
+        } as usize;
+        let count = BLOCKS_PER_BATCH.min(blocks - start);
+        let full = match transactions {
+            Transactions::Caller => {
+                pg_sys::check_for_interrupts!();
+                batch(start, count, scope, limit, &mut pass)
+            }
+            Transactions::PerBatch { stop } => {
+                if stop() {
+                    break;
+                }
+                in_transaction(|| batch(start, count, scope, limit, &mut pass))?
+            }
+        };
+        if !full {
+            start += count;
+        }
+    }
+    pass.elapsed = started.elapsed();
+    Ok(pass)
+}
+
+/// Record a finished pass in `dedup._prune_status`: one row for the pass (key '' for all
+/// scopes, or the scope it was limited to) and one per scope it deleted from.
+pub fn record_pass(scope: Option<&str>, pass: &Pass, by: &str) {
+    let mut keys = vec![scope.unwrap_or("").to_string()];
+    let mut counts = vec![pass.deleted];
+    if scope.is_none() {
+        for (s, n) in &pass.per_scope {
+            keys.push(s.clone());
+            counts.push(*n);
+        }
+    }
+    let args = [
+        DatumWithOid::from(keys),
+        DatumWithOid::from(counts),
+        DatumWithOid::from(pass.elapsed.as_secs_f64()),
+        DatumWithOid::from(by),
+    ];
+    Spi::run_with_args(
+        "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
+         SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), $4 \
+           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+                           pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
+         ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
+             rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
+             pruned_by = excluded.pruned_by, consecutive_failures = 0",
+        &args,
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune failed: {e}"));
+}
+
+/// Record a failed worker pass; returns how many passes in a row have failed.
+pub fn record_failure(message: &str) -> i32 {
+    Spi::get_one_with_args::<i32>(
+        "INSERT INTO dedup._prune_status AS s (scope, pruned_by, consecutive_failures, last_error, last_error_at) \
+         VALUES ('', 'worker', 1, $1, pg_catalog.now()) \
+         ON CONFLICT (scope) DO UPDATE SET \
+             consecutive_failures = s.consecutive_failures OPERATOR(pg_catalog.+) 1, \
+             last_error = excluded.last_error, last_error_at = excluded.last_error_at \
+         RETURNING s.consecutive_failures",
+        &[DatumWithOid::from(message)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(1)
+}
+
+/// Is the worker backing off after failed passes? Waits double with every failure in a
+/// row: one interval, two, four, ... at most 64 intervals.
+pub fn backing_off(interval: Duration) -> bool {
+    let row = Spi::get_two::<i32, TimestampWithTimeZone>(
+        "SELECT consecutive_failures, last_error_at FROM dedup._prune_status WHERE scope = ''",
+    );
+    let Ok((Some(failures), Some(at))) = row else {
+        return false;
+    };
+    if failures <= 0 {
+        return false;
+    }
+    let wait = interval.as_micros() as i64 * (1i64 << (failures - 1).min(6));
+    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    now < pg_sys::TimestampTz::from(at) + wait
+}
+
+fn check_writable() {
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            error::on_standby(FUNC);
+        }
+        if pg_sys::XactReadOnly {
+            error::read_only(FUNC);
+        }
+    }
+}
+
+/// `dedup.prune(scope, max_rows)`: delete expired claims now, in the caller's transaction.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
+    if let Some(n) = max_rows.filter(|n| *n <= 0) {
+        error::not_positive(FUNC, "max_rows", &n.to_string());
+    }
+    check_writable();
+    let retention = guc::RETENTION.get();
+    if retention < guc::SHORTEST_SENSIBLE_RETENTION_SECS {
+        error::warn_short_retention("dedup.retention", i64::from(retention));
+    }
+    // Waits for a running prune of this database (the worker's, or another session's).
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
+        &[
+            DatumWithOid::from(LOCK_KEY.0),
+            DatumWithOid::from(LOCK_KEY.1),
+        ],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+    let pass =
+        run_pass(scope, max_rows, &Transactions::Caller).expect("errors are raised, not returned");
+    let by = unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetSessionUserId(), false))
+            .to_string_lossy()
+            .into_owned()
+    };
+    record_pass(scope, &pass, &by);
+    pass.deleted
+}
+
+/// `dedup.set_retention(scope, retention)`: give `scope` its own retention; NULL removes it.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
+    const F: &str = "dedup.set_retention";
+    let scope = scope.unwrap_or_else(|| error::null_argument(F, "scope"));
+    claim::check_scope(F, scope);
+    let Some(retention) = retention else {
+        Spi::run_with_args(
+            "DELETE FROM dedup.scope_retention WHERE scope OPERATOR(pg_catalog.=) $1",
+            &[DatumWithOid::from(scope)],
+        )
+        .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+        return;
+    };
+    let seconds = Spi::get_one_with_args::<f64>(
+        "SELECT pg_catalog.date_part('epoch', $1::pg_catalog.interval)",
+        &[DatumWithOid::from(retention)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(0.0);
+    if seconds <= 0.0 {
+        error::not_positive(F, "retention", &format!("{seconds} s"));
+    }
+    if seconds < f64::from(guc::SHORTEST_SENSIBLE_RETENTION_SECS) {
+        error::warn_short_retention(&format!("retention of scope '{scope}'"), seconds as i64);
+    }
+    Spi::run_with_args(
+        "INSERT INTO dedup.scope_retention (scope, retention) VALUES ($1, $2) \
+         ON CONFLICT (scope) DO UPDATE SET retention = excluded.retention, \
+             set_at = excluded.set_at, set_by = excluded.set_by",
+        &[DatumWithOid::from(scope), DatumWithOid::from(retention)],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+}
+
+/// `dedup.retention(scope)`: the retention in force for `scope`.
+#[pg_extern(stable, parallel_safe)]
+fn retention(scope: default!(Option<&str>, "'default'")) -> Interval {
+    const F: &str = "dedup.retention";
+    let scope = scope.unwrap_or_else(|| error::null_argument(F, "scope"));
+    Spi::get_one_with_args::<Interval>(
+        "SELECT COALESCE( \
+             (SELECT r.retention FROM dedup.scope_retention AS r WHERE r.scope OPERATOR(pg_catalog.=) $1), \
+             pg_catalog.justify_hours(pg_catalog.make_interval(secs => $2::pg_catalog.float8)))",
+        &[DatumWithOid::from(scope), DatumWithOid::from(f64::from(guc::RETENTION.get()))],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| pgrx::error!("dedup: reading dedup.scope_retention failed"))
+}
+
+extension_sql!(
+    r#"
+REVOKE ALL ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+COMMENT ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) IS
+'Delete claims older than their retention (all scopes, or one), at most max_rows; returns how many. Runs in the caller''s transaction; waits for a prune already running in this database.';
+COMMENT ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) IS
+'Give a scope its own retention, overriding dedup.retention; NULL removes it.';
+COMMENT ON FUNCTION dedup.retention(pg_catalog.text) IS
+'The retention in force for a scope: its own, or dedup.retention.';
+"#,
+    name = "prune_privileges",
+    requires = [prune, set_retention, retention]
+);
