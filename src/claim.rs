@@ -5,6 +5,43 @@ use pgrx::prelude::*;
 
 const FUNC: &str = "dedup.try_claim";
 
+/// The columns of `dedup.processed`, in order: scope, job_id, processed_at (0.1.0), and
+/// fingerprint, result, lease_id, lease_expires_at (0.3.0).
+pub(crate) const COLUMNS: [pg_sys::Oid; 7] = [
+    pg_sys::TEXTOID,
+    pg_sys::TEXTOID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::TEXTOID,
+    pg_sys::JSONBOID,
+    pg_sys::UUIDOID,
+    pg_sys::TIMESTAMPTZOID,
+];
+/// Attribute numbers (1-based) of the columns read by number.
+pub(crate) const SCOPE: i32 = 1;
+pub(crate) const PROCESSED_AT: i32 = 3;
+pub(crate) const FINGERPRINT: i32 = 4;
+pub(crate) const LEASE_EXPIRES_AT: i32 = 7;
+
+/// The claim table as an installed version of the extension left it. The library works
+/// with every version's table, so claims go on between installing a new library and
+/// `ALTER EXTENSION dedup UPDATE`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Layout {
+    /// 0.1.0 and 0.2.0: scope, job_id, processed_at.
+    Claims,
+    /// 0.3.0 on: also fingerprint, result, lease_id, lease_expires_at.
+    Leases,
+}
+
+impl Layout {
+    pub(crate) fn columns(self) -> usize {
+        match self {
+            Layout::Claims => 3,
+            Layout::Leases => COLUMNS.len(),
+        }
+    }
+}
+
 /// Claim `job_id` in `scope` for the current transaction.
 ///
 /// `true`: this transaction now holds the claim (permanent at COMMIT, gone at ROLLBACK).
@@ -13,21 +50,21 @@ const FUNC: &str = "dedup.try_claim";
 #[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_text(job_id: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
-    claim(job_id, scope)
+    claim(job_id, scope, None) == Outcome::Claimed
 }
 
 /// The same job as its decimal text form: `try_claim(42)` and `try_claim('42')` are one job.
 #[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_bigint(job_id: Option<i64>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
-    claim(&job_id.to_string(), scope)
+    claim(&job_id.to_string(), scope, None) == Outcome::Claimed
 }
 
 /// The same job as the uuid's canonical text form (lowercase, hyphenated).
 #[pg_extern(name = "try_claim", volatile, parallel_unsafe)]
 fn try_claim_uuid(job_id: Option<pgrx::Uuid>, scope: default!(Option<&str>, "'default'")) -> bool {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
-    claim(&job_id.to_string(), scope)
+    claim(&job_id.to_string(), scope, None) == Outcome::Claimed
 }
 
 fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
@@ -53,26 +90,79 @@ pub(crate) fn check_scope(func: &str, scope: &str) {
 }
 
 fn check_transaction() {
+    check_writable(FUNC);
     unsafe {
-        if pg_sys::RecoveryInProgress() {
-            error::on_standby(FUNC);
-        }
-        if pg_sys::XactReadOnly {
-            error::read_only(FUNC);
-        }
-        if pg_sys::IsInParallelMode() {
-            error::parallel_mode(FUNC);
-        }
         if !pg_sys::IsTransactionBlock() && guc::WARN_OUTSIDE_TRANSACTION.get() {
             error::warn_outside_transaction(FUNC);
         }
     }
 }
 
-fn claim(job_id: &str, scope: Option<&str>) -> bool {
+/// Refuse to write on a standby, in a read-only transaction or in parallel mode.
+pub(crate) fn check_writable(func: &str) {
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            error::on_standby(func);
+        }
+        if pg_sys::XactReadOnly {
+            error::read_only(func);
+        }
+        if pg_sys::IsInParallelMode() {
+            error::parallel_mode(func);
+        }
+    }
+}
+
+/// `dedup._try_claim_fp(job_id, scope, fingerprint)`: the claim behind
+/// `dedup.try_claim(job_id, scope, fingerprint)`; NULL when the job was claimed with another
+/// fingerprint (the SQL wrapper raises the dedicated error, SQLSTATE YD001).
+#[pg_extern(name = "_try_claim_fp", volatile, parallel_unsafe)]
+pub(crate) fn try_claim_fingerprint(
+    job_id: Option<&str>,
+    scope: Option<&str>,
+    fingerprint: Option<&str>,
+) -> Option<bool> {
+    let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC, "job_id"));
+    if let Some(fp) = fingerprint {
+        check_fingerprint(FUNC, fp);
+    }
+    match claim(job_id, scope, fingerprint) {
+        Outcome::Claimed => Some(true),
+        Outcome::Duplicate => Some(false),
+        Outcome::FingerprintMismatch => None,
+    }
+}
+
+/// What a claim found.
+#[derive(PartialEq, Eq, Debug)]
+pub(crate) enum Outcome {
+    /// This transaction now holds the claim.
+    Claimed,
+    /// A claim exists (committed, or taken earlier by this transaction).
+    Duplicate,
+    /// A claim exists, made with another payload fingerprint.
+    FingerprintMismatch,
+}
+
+/// A fingerprint is 1 to [`error::MAX_FINGERPRINT_BYTES`] bytes.
+pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
+    if fingerprint.is_empty() {
+        error::empty_argument(func, "fingerprint");
+    }
+    if fingerprint.len() > error::MAX_FINGERPRINT_BYTES {
+        error::too_long(
+            func,
+            "fingerprint",
+            fingerprint.len(),
+            error::MAX_FINGERPRINT_BYTES,
+        );
+    }
+}
+
+fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
     check_transaction();
-    unsafe { insert_claim(scope, job_id) }
+    unsafe { insert_claim(scope, job_id, fingerprint) }
 }
 
 /// Insert the claim row the way `INSERT ... ON CONFLICT DO NOTHING` does, without the
@@ -82,10 +172,13 @@ fn claim(job_id: &str, scope: Option<&str>) -> bool {
 /// The same executor routines as nodeModifyTable.c's ExecInsert are used, so the locking,
 /// waiting and isolation behaviour are those of the SQL statement.
 ///
-/// Returns whether this call inserted the row.
-unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
+/// Returns whether this call inserted the row, and if not, what it found.
+unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
     let rel = open_processed();
-    check_layout(rel);
+    let layout = check_layout(rel);
+    if fingerprint.is_some() && layout == Layout::Claims {
+        error::needs_update(FUNC, "a payload fingerprint", "0.3.0");
+    }
 
     let estate = pg_sys::CreateExecutorState();
     let old_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
@@ -98,12 +191,18 @@ unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
 
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     pg_sys::ExecClearTuple(slot);
-    let values = std::slice::from_raw_parts_mut((*slot).tts_values, 3);
-    let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, 3);
+    let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
+    let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
+    // scope, job_id, processed_at, fingerprint; no result, no lease.
+    nulls.fill(true);
     values[0] = text_datum(scope);
     values[1] = text_datum(job_id);
     values[2] = pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp());
-    nulls.fill(false);
+    nulls[..3].fill(false);
+    if let Some(fp) = fingerprint {
+        values[3] = text_datum(fp);
+        nulls[3] = false;
+    }
     pg_sys::ExecStoreVirtualTuple(slot);
     (*slot).tts_tableOid = (*rel).rd_id;
 
@@ -114,8 +213,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
         let mut conflict_tid = pg_sys::ItemPointerData::default();
         if !check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
             // A committed (or our own) claim exists.
-            check_conflict_visible(rel, &mut conflict_tid);
-            break false;
+            break inspect_conflict(rel, layout, &mut conflict_tid, fingerprint);
         }
         let xid = pg_sys::GetCurrentTransactionId();
         let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
@@ -133,7 +231,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
         pg_sys::SpeculativeInsertionLockRelease(xid);
         pg_sys::list_free(recheck);
         if !spec_conflict {
-            break true;
+            break Outcome::Claimed;
         }
         // A concurrent inserter got its index entry in first: look again (and wait for it).
         pg_sys::check_for_interrupts!();
@@ -147,13 +245,19 @@ unsafe fn insert_claim(scope: &str, job_id: &str) -> bool {
     inserted
 }
 
+/// Look at the claim that conflicts with ours.
+///
 /// At REPEATABLE READ and SERIALIZABLE, a conflicting claim our snapshot cannot see (a
 /// concurrent transaction committed it after our snapshot was taken) is a serialization
-/// failure, exactly as for INSERT ... ON CONFLICT DO NOTHING (ExecCheckTIDVisible).
-unsafe fn check_conflict_visible(rel: pg_sys::Relation, tid: &mut pg_sys::ItemPointerData) {
-    if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
-        return;
-    }
+/// failure, exactly as for INSERT ... ON CONFLICT DO NOTHING (ExecCheckTIDVisible). A lease
+/// (dedup.lease) is not a claim `try_claim` can report on. Otherwise it is a duplicate,
+/// unless both claims carry a payload fingerprint and they differ.
+unsafe fn inspect_conflict(
+    rel: pg_sys::Relation,
+    layout: Layout,
+    tid: &mut pg_sys::ItemPointerData,
+    fingerprint: Option<&str>,
+) -> Outcome {
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     if !pg_sys::table_tuple_fetch_row_version(
         rel,
@@ -163,22 +267,41 @@ unsafe fn check_conflict_visible(rel: pg_sys::Relation, tid: &mut pg_sys::ItemPo
     ) {
         pgrx::error!("dedup: failed to fetch the conflicting claim");
     }
-    let snapshot = if pg_sys::ActiveSnapshotSet() {
-        pg_sys::GetActiveSnapshot()
-    } else {
-        pg_sys::GetTransactionSnapshot()
-    };
-    if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
-        let mut isnull = false;
-        let xmin =
-            pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
-        let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
-        // Our own claim from an earlier command of this transaction is not a conflict.
-        if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
-            error::serialization_failure(FUNC);
+    if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        let snapshot = if pg_sys::ActiveSnapshotSet() {
+            pg_sys::GetActiveSnapshot()
+        } else {
+            pg_sys::GetTransactionSnapshot()
+        };
+        if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
+            let mut isnull = false;
+            let xmin =
+                pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+            let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
+            // Our own claim from an earlier command of this transaction is not a conflict.
+            if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+                error::serialization_failure(FUNC);
+            }
         }
     }
+    if layout == Layout::Claims {
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        return Outcome::Duplicate;
+    }
+    let mut isnull = false;
+    pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut isnull);
+    if !isnull {
+        error::leased(FUNC);
+    }
+    let stored = pg_sys::slot_getattr(slot, FINGERPRINT, &mut isnull);
+    let outcome = match fingerprint {
+        Some(ours) if !isnull && <&str>::from_datum(stored, false) != Some(ours) => {
+            Outcome::FingerprintMismatch
+        }
+        _ => Outcome::Duplicate,
+    };
     pg_sys::ExecDropSingleTupleTableSlot(slot);
+    outcome
 }
 
 #[cfg(feature = "pg13")]
@@ -308,18 +431,18 @@ unsafe fn lookup_processed_relid() -> pg_sys::Oid {
 }
 
 /// The claim row is written column by column: refuse a table whose columns are not the
-/// ones this library writes (altered by hand, or an extension update not yet run).
-unsafe fn check_layout(rel: pg_sys::Relation) {
-    const EXPECTED: [pg_sys::Oid; 3] = [pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TIMESTAMPTZOID];
+/// ones some version of the extension made (altered by hand).
+pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
     let desc = (*rel).rd_att;
     let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-    let ok = attrs.len() == EXPECTED.len()
-        && attrs
-            .iter()
-            .zip(EXPECTED)
-            .all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
-    if !ok {
-        error::unexpected_layout(FUNC);
+    let prefix_ok = attrs
+        .iter()
+        .zip(COLUMNS)
+        .all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
+    match attrs.len() {
+        3 if prefix_ok => Layout::Claims,
+        7 if prefix_ok => Layout::Leases,
+        _ => error::unexpected_layout(FUNC),
     }
 }
 

@@ -8,6 +8,8 @@ use pgrx::PgSqlErrorCode;
 pub const MAX_JOB_ID_BYTES: usize = 1024;
 /// Longest scope accepted, in bytes.
 pub const MAX_SCOPE_BYTES: usize = 128;
+/// Longest payload fingerprint accepted, in bytes (a hex SHA-512 is 128).
+pub const MAX_FINGERPRINT_BYTES: usize = 256;
 
 fn raise(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
     ErrorReport::new(code, message, "dedup")
@@ -56,10 +58,39 @@ pub fn too_long(func: &str, arg: &str, len: usize, max: usize) -> ! {
         format!("{func}: {arg} is {len} bytes long, longer than the limit of {max} bytes"),
         if arg == "scope" {
             "Use a shorter scope name, e.g. the queue or handler name."
+        } else if arg == "fingerprint" {
+            "Pass a hash of the payload, e.g. encode(sha256(convert_to(payload, 'UTF8')), 'hex'), \
+             not the payload itself."
         } else {
             "Claim a digest of a long key instead, e.g. encode(sha256(convert_to(key, 'UTF8')), 'hex'), \
              which is 64 bytes."
         },
+    )
+}
+
+pub fn needs_update(func: &str, what: &str, version: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!("{func}: {what} needs version {version} of the extension in this database"),
+        "Run ALTER EXTENSION dedup UPDATE.",
+    )
+}
+
+pub fn leased(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: the job is held by a lease (dedup.lease), not claimed"),
+        "Use one API per scope: dedup.try_claim for effects in this database, dedup.lease for \
+         external effects.",
+    )
+}
+
+pub fn not_claimed_here(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: the job was not claimed by this transaction"),
+        "Call it in the transaction whose dedup.try_claim returned true, after the effect; a \
+         lease stores its result with dedup.complete.",
     )
 }
 
@@ -129,16 +160,20 @@ pub fn table_missing() -> ! {
 pub fn unexpected_layout(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("{func}: dedup.processed does not have the columns this version of dedup writes"),
-        "If the library was upgraded, run ALTER EXTENSION dedup UPDATE; dedup.processed must \
-         not be altered by hand.",
+        format!("{func}: dedup.processed does not have the columns of any version of dedup"),
+        "dedup.processed must not be altered by hand: its columns are the extension's.",
     )
 }
 
-pub fn warn_short_retention(what: &str, seconds: i64) {
+pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is: &str) {
+    let than = if shortest_is == "a minute" {
+        "a minute".to_string()
+    } else {
+        format!("{shortest_is} ({shortest} s)")
+    };
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,
-        format!("{what} of {seconds} s is shorter than a minute"),
+        format!("{what} of {seconds} s is shorter than {than}"),
         "dedup",
     )
     .set_detail(

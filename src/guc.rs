@@ -17,12 +17,27 @@ pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(600);
 /// `dedup.prune_batch_size`: claims deleted per batch (one transaction in the worker).
 pub static PRUNE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(5000);
 
+/// `dedup.lease_duration`, seconds: how long `dedup.lease` holds a job unless told otherwise.
+pub static LEASE_DURATION: GucSetting<i32> = GucSetting::<i32>::new(30);
+
 /// `dedup.prune_role`: the role the worker prunes as; empty means the bootstrap superuser.
 pub static PRUNE_ROLE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
-/// A retention shorter than this defeats deduplication: a redelivered copy arrives after
+/// A retention shorter than a minute defeats deduplication: a redelivered copy arrives after
 /// its claim is gone. Setting one gets a WARNING.
 pub const SHORTEST_SENSIBLE_RETENTION_SECS: i32 = 60;
+
+/// The shortest retention that does not defeat deduplication, as far as dedup can know:
+/// a minute, or the configured lease duration if longer (a job can be redelivered once its
+/// lease expires). Returns the seconds and what they are.
+pub fn shortest_sensible_retention() -> (i32, &'static str) {
+    let lease = LEASE_DURATION.get();
+    if lease > SHORTEST_SENSIBLE_RETENTION_SECS {
+        (lease, "dedup.lease_duration")
+    } else {
+        (SHORTEST_SENSIBLE_RETENTION_SECS, "a minute")
+    }
+}
 
 pub fn init() {
     GucRegistry::define_bool_guc(
@@ -75,6 +90,17 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"dedup.lease_duration",
+        c"How long dedup.lease holds a job when no duration is passed.",
+        c"Longer than the external effect takes, or the holder extends it (dedup.extend_lease); \
+          a retention shorter than this gets a WARNING.",
+        &LEASE_DURATION,
+        1,
+        7 * 24 * 3600,
+        GucContext::Userset,
+        GucFlags::UNIT_S,
+    );
     GucRegistry::define_string_guc(
         c"dedup.prune_role",
         c"Role the background worker prunes as (empty: the bootstrap superuser).",
@@ -105,8 +131,9 @@ unsafe extern "C-unwind" fn check_retention(
 ) -> bool {
     let interactive = source >= pg_sys::GucSource::PGC_S_INTERACTIVE;
     let config_file = source == pg_sys::GucSource::PGC_S_FILE && !pg_sys::IsUnderPostmaster;
-    if *newval < SHORTEST_SENSIBLE_RETENTION_SECS && (interactive || config_file) {
-        error::warn_short_retention("dedup.retention", i64::from(*newval));
+    let (shortest, what) = shortest_sensible_retention();
+    if *newval < shortest && (interactive || config_file) {
+        error::warn_short_retention("dedup.retention", i64::from(*newval), shortest, what);
     }
     true
 }

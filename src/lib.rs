@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 mod claim;
 mod error;
 mod guc;
+mod lease;
 mod prune;
 mod worker;
 

@@ -45,6 +45,8 @@ pub enum Transactions<'a> {
 
 /// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch.
 struct Cutoffs {
+    /// The batch transaction's start (`now()`).
+    now: i64,
     global: i64,
     scopes: HashMap<String, i64>,
 }
@@ -70,7 +72,11 @@ impl Cutoffs {
             Ok::<_, pgrx::spi::Error>(scopes)
         })
         .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.scope_retention failed: {e}"));
-        Cutoffs { global, scopes }
+        Cutoffs {
+            now,
+            global,
+            scopes,
+        }
     }
 
     fn of(&self, scope: &str) -> i64 {
@@ -88,15 +94,18 @@ fn table_blocks() -> u32 {
     }
 }
 
-/// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`.
+/// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`,
+/// and the claim table's layout.
 unsafe fn expired_in_range(
     start: u32,
     count: u32,
     scope: Option<&str>,
     cutoffs: &Cutoffs,
     limit: usize,
-) -> Vec<pg_sys::ItemPointerData> {
+) -> (Vec<pg_sys::ItemPointerData>, claim::Layout) {
     let rel = claim::open_processed();
+    let layout = claim::check_layout(rel);
+    let leases = layout == claim::Layout::Leases;
     let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
     // allow_strat: a bulk-read ring when the table is larger than a quarter of
     // shared_buffers; allow_sync: no, we scan a fixed range.
@@ -108,46 +117,61 @@ unsafe fn expired_in_range(
         && pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
     {
         let mut isnull = false;
-        let at = pg_sys::slot_getattr(slot, 3, &mut isnull).value() as i64;
-        let row_scope = <&str>::from_datum(pg_sys::slot_getattr(slot, 1, &mut isnull), false)
-            .expect("scope is NOT NULL");
-        if scope.is_some_and(|s| s != row_scope) {
+        let at = pg_sys::slot_getattr(slot, claim::PROCESSED_AT, &mut isnull).value() as i64;
+        let row_scope =
+            <&str>::from_datum(pg_sys::slot_getattr(slot, claim::SCOPE, &mut isnull), false)
+                .expect("scope is NOT NULL");
+        if scope.is_some_and(|s| s != row_scope) || at >= cutoffs.of(row_scope) {
             continue;
         }
-        if at < cutoffs.of(row_scope) {
-            tids.push((*slot).tts_tid);
+        // A lease still running is never pruned, however old its claim.
+        if leases {
+            let until = pg_sys::slot_getattr(slot, claim::LEASE_EXPIRES_AT, &mut isnull);
+            if !isnull && until.value() as i64 >= cutoffs.now {
+                continue;
+            }
         }
+        tids.push((*slot).tts_tid);
     }
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::table_endscan(scan);
     pg_sys::UnregisterSnapshot(snapshot);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
-    tids
+    (tids, layout)
 }
 
 /// Delete the claims at `tids` that are still expired; count them per scope.
 fn delete_expired(
     tids: Vec<pg_sys::ItemPointerData>,
+    layout: claim::Layout,
     per_scope: &mut BTreeMap<String, i64>,
 ) -> i64 {
+    // A lease still running is never pruned (the lease columns exist from 0.3.0 on).
+    let leases = match layout {
+        claim::Layout::Claims => "",
+        claim::Layout::Leases => {
+            "AND (p.lease_expires_at IS NULL \
+                  OR p.lease_expires_at OPERATOR(pg_catalog.<) pg_catalog.now())"
+        }
+    };
+    let query = format!(
+        "DELETE FROM dedup.processed AS p \
+         WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+           AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
+                 (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                    FROM dedup.scope_retention AS r \
+                   WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
+                 pg_catalog.now() OPERATOR(pg_catalog.-) \
+                   pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
+           {leases} \
+         RETURNING p.scope"
+    );
     let args = [
         DatumWithOid::from(tids),
         DatumWithOid::from(f64::from(guc::RETENTION.get())),
     ];
     Spi::connect_mut(|c| {
-        let rows = c.update(
-            "DELETE FROM dedup.processed AS p \
-             WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
-               AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                     (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
-                        FROM dedup.scope_retention AS r \
-                       WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
-                     pg_catalog.now() OPERATOR(pg_catalog.-) \
-                       pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
-             RETURNING p.scope",
-            None,
-            &args,
-        )?;
+        let rows = c.update(query.as_str(), None, &args)?;
         let mut n = 0;
         for row in rows {
             let scope: String = row.get(1)?.unwrap_or_default();
@@ -163,10 +187,10 @@ fn delete_expired(
 /// may hold more expired claims (the batch stopped at its row limit).
 fn batch(start: u32, count: u32, scope: Option<&str>, limit: usize, pass: &mut Pass) -> bool {
     let cutoffs = Cutoffs::load();
-    let tids = unsafe { expired_in_range(start, count, scope, &cutoffs, limit) };
+    let (tids, layout) = unsafe { expired_in_range(start, count, scope, &cutoffs, limit) };
     let full = tids.len() == limit;
     if !tids.is_empty() {
-        pass.deleted += delete_expired(tids, &mut pass.per_scope);
+        pass.deleted += delete_expired(tids, layout, &mut pass.per_scope);
     }
     full
 }
@@ -327,8 +351,9 @@ fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, 
     }
     check_writable();
     let retention = guc::RETENTION.get();
-    if retention < guc::SHORTEST_SENSIBLE_RETENTION_SECS {
-        error::warn_short_retention("dedup.retention", i64::from(retention));
+    let (shortest, what) = guc::shortest_sensible_retention();
+    if retention < shortest {
+        error::warn_short_retention("dedup.retention", i64::from(retention), shortest, what);
     }
     // Waits for a running prune of this database (the worker's, or another session's).
     Spi::run_with_args(
@@ -375,8 +400,14 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
     if seconds <= 0.0 {
         error::not_positive(F, "retention", &format!("{seconds} s"));
     }
-    if seconds < f64::from(guc::SHORTEST_SENSIBLE_RETENTION_SECS) {
-        error::warn_short_retention(&format!("retention of scope '{scope}'"), seconds as i64);
+    let (shortest, what) = guc::shortest_sensible_retention();
+    if seconds < f64::from(shortest) {
+        error::warn_short_retention(
+            &format!("retention of scope '{scope}'"),
+            seconds as i64,
+            shortest,
+            what,
+        );
     }
     Spi::run_with_args(
         "INSERT INTO dedup.scope_retention (scope, retention) VALUES ($1, $2) \
@@ -389,7 +420,7 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
 
 /// `dedup.retention(scope)`: the retention in force for `scope`.
 #[pg_extern(stable, parallel_safe)]
-fn retention(scope: default!(Option<&str>, "'default'")) -> Interval {
+pub(crate) fn retention(scope: default!(Option<&str>, "'default'")) -> Interval {
     const F: &str = "dedup.retention";
     let scope = scope.unwrap_or_else(|| error::null_argument(F, "scope"));
     Spi::get_one_with_args::<Interval>(

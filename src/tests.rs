@@ -271,12 +271,17 @@ mod tests {
 
     #[pg_test]
     fn declared_volatile_parallel_unsafe_not_strict() {
+        // Three in C, three with a fingerprint in SQL that the planner can inline (no SET,
+        // no SECURITY DEFINER).
         assert_eq!(
-            Spi::get_one::<i64>(
-                "SELECT count(*) FROM pg_proc WHERE oid::regprocedure::text LIKE 'dedup.try_claim(%' \
-                 AND provolatile = 'v' AND proparallel = 'u' AND NOT proisstrict AND NOT prosecdef"
+            Spi::get_one::<String>(
+                "SELECT string_agg(l.lanname, ',' ORDER BY l.lanname) FROM pg_proc p \
+                 JOIN pg_language l ON l.oid = p.prolang \
+                 WHERE p.oid::regprocedure::text LIKE 'dedup.try_claim(%' \
+                   AND p.provolatile = 'v' AND p.proparallel = 'u' AND NOT p.proisstrict \
+                   AND NOT p.prosecdef AND p.proconfig IS NULL"
             ),
-            Ok(Some(3))
+            Ok(Some("c,c,c,sql,sql,sql".to_string()))
         );
     }
 
@@ -291,7 +296,10 @@ mod tests {
                  FROM pg_attribute a LEFT JOIN pg_collation c ON c.oid = a.attcollation \
                  WHERE attrelid = 'dedup.processed'::regclass AND attnum > 0"
             ),
-            Ok(Some("scope:C,job_id:C,processed_at:-".to_string()))
+            Ok(Some(
+                "scope:C,job_id:C,processed_at:-,fingerprint:C,result:-,lease_id:-,lease_expires_at:-"
+                    .to_string()
+            ))
         );
         assert_eq!(
             Spi::get_one::<String>(
@@ -486,5 +494,263 @@ mod tests {
         Spi::run("SET LOCAL transaction_read_only = on").unwrap();
         let (state, message, _) = error_of("SELECT dedup.prune()").expect("no error");
         assert_eq!(state, "25006", "{message}");
+    }
+
+    fn text(sql: &str) -> String {
+        Spi::get_one::<String>(sql)
+            .expect("query failed")
+            .expect("NULL")
+    }
+
+    #[pg_test]
+    fn lease_acquire_busy_complete_done() {
+        assert_eq!(text("SELECT status FROM dedup.lease('mail-1')"), "acquired");
+        // The lease's row, as a holder would keep it.
+        let id = text("SELECT lease_id::text FROM dedup.processed WHERE job_id = 'mail-1'");
+        assert_eq!(text("SELECT status FROM dedup.lease('mail-1')"), "busy");
+        assert!(!claim(
+            "SELECT EXISTS (SELECT FROM dedup.claim_result('mail-1'))"
+        ));
+        Spi::run(&format!(
+            "SELECT dedup.complete('mail-1', '{id}', '{{\"sent\": true}}')"
+        ))
+        .unwrap();
+        // Completing again with the same lease changes nothing.
+        Spi::run(&format!(
+            "SELECT dedup.complete('mail-1', '{id}', '{{\"sent\": 2}}')"
+        ))
+        .unwrap();
+        assert_eq!(
+            text("SELECT status || ' ' || result::text FROM dedup.lease('mail-1')"),
+            "done {\"sent\": true}"
+        );
+        assert_eq!(
+            text("SELECT result::text FROM dedup.claim_result('mail-1')"),
+            "{\"sent\": true}"
+        );
+        // A completed lease is a done job for try_claim too.
+        assert!(!claim("SELECT dedup.try_claim('mail-1')"));
+    }
+
+    #[pg_test]
+    fn lease_extend_and_release() {
+        let id = text("SELECT lease_id::text FROM dedup.lease('mail-2', duration => '10 seconds')");
+        assert!(claim(&format!(
+            "SELECT dedup.extend_lease('mail-2', '{id}', '5 minutes') > clock_timestamp() + interval '4 minutes'"
+        )));
+        Spi::run(&format!("SELECT dedup.release_lease('mail-2', '{id}')")).unwrap();
+        let again = text("SELECT lease_id::text FROM dedup.lease('mail-2')");
+        assert_ne!(again, id);
+        // The released lease is gone: its holder can neither complete nor extend it.
+        for f in ["complete", "extend_lease", "release_lease"] {
+            let (_, message, _) =
+                error_of(&format!("SELECT dedup.{f}('mail-2', '{id}')")).expect("no error");
+            assert!(
+                message.contains("it expired and another caller took the job over"),
+                "{f}: {message}"
+            );
+        }
+        Spi::run(&format!("SELECT dedup.complete('mail-2', '{again}')")).unwrap();
+        let (_, message, _) =
+            error_of(&format!("SELECT dedup.extend_lease('mail-2', '{again}')")).expect("no error");
+        assert!(
+            message.contains("the lease was completed already"),
+            "{message}"
+        );
+        let (_, message, _) =
+            error_of("SELECT dedup.complete('never-leased', gen_random_uuid())").expect("no error");
+        assert!(
+            message.contains("there is no lease on the job"),
+            "{message}"
+        );
+    }
+
+    #[pg_test]
+    fn expired_lease_is_taken_over() {
+        let first = text("SELECT lease_id::text FROM dedup.lease('mail-3')");
+        Spi::run("UPDATE dedup.processed SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE job_id = 'mail-3'")
+            .unwrap();
+        let second = text("SELECT status || ' ' || lease_id::text FROM dedup.lease('mail-3')");
+        assert_eq!(
+            second,
+            format!("acquired {}", second.split(' ').nth(1).unwrap())
+        );
+        assert!(!second.contains(&first));
+        let (_, message, _) =
+            error_of(&format!("SELECT dedup.complete('mail-3', '{first}')")).expect("no error");
+        assert!(
+            message.contains("another caller took the job over"),
+            "{message}"
+        );
+    }
+
+    #[pg_test]
+    fn try_claim_with_a_fingerprint() {
+        assert!(claim(
+            "SELECT dedup.try_claim('order-1', 'default', 'sha-a')"
+        ));
+        assert!(!claim(
+            "SELECT dedup.try_claim('order-1', 'default', 'sha-a')"
+        ));
+        // Without a fingerprint, a repeat is a plain duplicate.
+        assert!(!claim("SELECT dedup.try_claim('order-1')"));
+        let (_, message, hint) =
+            error_of("SELECT dedup.try_claim('order-1', 'default', 'sha-b')").expect("no error");
+        assert!(
+            message.contains("claimed with a different payload fingerprint"),
+            "{message}"
+        );
+        assert!(!hint.is_empty());
+        // A claim made without one cannot be compared: a duplicate.
+        assert!(claim("SELECT dedup.try_claim(7::bigint, 'nums')"));
+        assert!(!claim("SELECT dedup.try_claim(7::bigint, 'nums', 'sha-x')"));
+        assert!(claim(
+            "SELECT dedup.try_claim('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, 'u', 'f')"
+        ));
+        assert!(error_of(
+            "SELECT dedup.try_claim('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, 'u', 'g')"
+        )
+        .is_some());
+        // The lease API compares the same fingerprint.
+        assert_eq!(
+            text("SELECT status FROM dedup.lease('order-1', fingerprint => 'sha-a')"),
+            "done"
+        );
+        assert!(error_of("SELECT * FROM dedup.lease('order-1', fingerprint => 'sha-b')").is_some());
+    }
+
+    #[pg_test]
+    fn stored_result_of_a_claim() {
+        assert!(claim("SELECT dedup.try_claim('api-1')"));
+        Spi::run("SELECT dedup.set_result('api-1', '{\"status\": 201}')").unwrap();
+        assert_eq!(
+            text("SELECT result::text FROM dedup.claim_result('api-1')"),
+            "{\"status\": 201}"
+        );
+        assert!(claim(
+            "SELECT claimed_at = now() FROM dedup.claim_result('api-1')"
+        ));
+        assert_eq!(
+            count("SELECT count(*) FROM dedup.claim_result('no-such-job')"),
+            0
+        );
+        let (state, message, _) =
+            error_of("SELECT dedup.set_result('no-such-job', '{}')").expect("no error");
+        assert_eq!(state, "55000", "{message}");
+        // A leased job takes its result through dedup.complete.
+        Spi::run("SELECT dedup.lease('api-2')").unwrap();
+        let (state, message, _) =
+            error_of("SELECT dedup.set_result('api-2', '{}')").expect("no error");
+        assert_eq!(state, "55000", "{message}");
+        let (state, message, _) = error_of("SELECT dedup.try_claim('api-2')").expect("no error");
+        assert_eq!(state, "55000", "{message}");
+        assert!(message.contains("held by a lease"), "{message}");
+    }
+
+    #[pg_test]
+    fn prune_keeps_a_running_lease_however_old() {
+        Spi::run("SET LOCAL dedup.prune_batch_size = 100").unwrap();
+        Spi::run("SELECT dedup.lease('running'), dedup.lease('expired'), dedup.lease('completed')")
+            .unwrap();
+        Spi::run("SELECT dedup.complete('completed', lease_id) FROM dedup.processed WHERE job_id = 'completed'").unwrap();
+        Spi::run(
+            "UPDATE dedup.processed SET processed_at = now() - interval '8 days', \
+             lease_expires_at = CASE job_id WHEN 'expired' THEN now() - interval '1 day' ELSE lease_expires_at END",
+        )
+        .unwrap();
+        assert_eq!(count("SELECT dedup.prune()"), 2);
+        assert_eq!(
+            text("SELECT string_agg(job_id, ',') FROM dedup.processed"),
+            "running"
+        );
+    }
+
+    /// Bad input to the lease functions: (SQL, SQLSTATE, words the message must contain).
+    const BAD_LEASE_INPUT: &[(&str, &str, &str)] = &[
+        (
+            "SELECT dedup.lease(NULL)",
+            "22004",
+            "dedup.lease: job_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.lease('')",
+            "22023",
+            "dedup.lease: job_id must not be empty",
+        ),
+        (
+            "SELECT dedup.lease('j', NULL)",
+            "22004",
+            "dedup.lease: scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.lease('j', duration => '0 seconds')",
+            "22023",
+            "duration must be positive",
+        ),
+        (
+            "SELECT dedup.lease('j', duration => '-1 second')",
+            "22023",
+            "duration must be positive",
+        ),
+        (
+            "SELECT dedup.lease('j', duration => '8 days')",
+            "22023",
+            "longer than the retention of scope",
+        ),
+        (
+            "SELECT dedup.lease('j', fingerprint => '')",
+            "22023",
+            "fingerprint must not be empty",
+        ),
+        (
+            "SELECT dedup.lease('j', fingerprint => repeat('f', 257))",
+            "22001",
+            "fingerprint is 257 bytes long",
+        ),
+        (
+            "SELECT dedup.complete('j', NULL)",
+            "22004",
+            "lease_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.complete(NULL, gen_random_uuid())",
+            "22004",
+            "dedup.complete: job_id must not be NULL",
+        ),
+        (
+            "SELECT dedup.extend_lease('j', gen_random_uuid(), '-5 seconds')",
+            "22023",
+            "duration must be positive",
+        ),
+        (
+            "SELECT dedup.try_claim('j', 'default', repeat('f', 257))",
+            "22001",
+            "fingerprint is 257 bytes long",
+        ),
+        (
+            "SELECT dedup.try_claim('j', NULL, 'f')",
+            "22004",
+            "scope must not be NULL",
+        ),
+        (
+            "SELECT dedup.set_result(NULL, '{}')",
+            "22004",
+            "dedup.set_result: job_id must not be NULL",
+        ),
+    ];
+
+    #[pg_test]
+    fn bad_lease_input_is_an_error_with_sqlstate() {
+        for (sql, state, words) in BAD_LEASE_INPUT {
+            let Some((got_state, message, _hint)) = error_of(sql) else {
+                panic!("{sql} did not fail");
+            };
+            assert_eq!(&got_state, state, "{sql}: {message}");
+            assert!(
+                message.contains(words),
+                "{sql}: message {message:?} lacks {words:?}"
+            );
+        }
+        assert_eq!(count("SELECT count(*) FROM dedup.processed"), 0);
     }
 }

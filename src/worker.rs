@@ -185,14 +185,16 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
 
     let interval = interval().unwrap_or(Duration::from_secs(600));
     let ready = prune::in_transaction(|| {
-        let installed = Spi::get_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'dedup')",
+        let version = Spi::get_one::<String>(
+            "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'dedup'",
         )
         .ok()
-        .flatten()
-            == Some(true);
-        if !installed {
-            return Ready::NotInstalled;
+        .flatten();
+        match version.as_deref() {
+            None => return Ready::NotInstalled,
+            // Retention arrived in 0.2.0: the tables it needs are not there yet.
+            Some("0.1.0") => return Ready::TooOld,
+            Some(_) => {}
         }
         if prune::backing_off(interval) {
             return Ready::BackingOff;
@@ -217,6 +219,13 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     match ready {
         Ok(Ready::Go) => {}
         Ok(Ready::NotInstalled) => return,
+        Ok(Ready::TooOld) => {
+            log!(
+                "dedup: not pruning database \"{dbname}\": its extension is version 0.1.0, \
+                 from before retention; run ALTER EXTENSION dedup UPDATE there"
+            );
+            return;
+        }
         Ok(Ready::BackingOff) => {
             debug1!(
                 "dedup: not pruning database \"{dbname}\" yet: backing off after failed passes"
@@ -270,6 +279,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
 enum Ready {
     Go,
     NotInstalled,
+    TooOld,
     BackingOff,
     Busy,
 }

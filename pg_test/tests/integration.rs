@@ -28,6 +28,8 @@ mod errors;
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
 mod isolation_specs;
+#[path = "integration/leases.rs"]
+mod leases;
 #[path = "integration/lifecycle.rs"]
 mod lifecycle;
 #[path = "integration/retention.rs"]
@@ -75,6 +77,10 @@ const TESTS: &[(&str, TestFn)] = tests![
     worker::worker_is_restarted_after_kill_9,
     worker::fast_stop_is_not_held_up_by_a_large_prune,
     worker::standby_does_not_prune_until_promoted,
+    leases::concurrent_leases_of_one_job_have_one_holder,
+    leases::crashed_holder_lease_is_taken_over_once,
+    leases::crash_between_effect_and_done_marker_repeats_the_effect,
+    leases::leases_and_fingerprints_raise_their_own_sqlstates,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
     isolation_specs::isolation_specs_pass,

@@ -207,6 +207,36 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
             "30 days",
             "retention of a scope after the upgrade",
         )?;
+        // Leases and fingerprints (0.3.0), next to the claims taken before.
+        let row = u
+            .query_one(
+                "SELECT status, lease_id FROM dedup.lease('new-lease', fingerprint => 'f')",
+                &[],
+            )
+            .await?;
+        let (status, id): (String, uuid::Uuid) = (row.get(0), row.get(1));
+        ensure_eq(status.as_str(), "acquired", "lease after the upgrade")?;
+        u.execute(
+            "SELECT dedup.complete('new-lease', $1, '{\"ok\": true}')",
+            &[&id],
+        )
+        .await?;
+        let done: String = u
+            .query_one("SELECT status FROM dedup.lease('7', 'old-scope')", &[])
+            .await?
+            .get(0);
+        ensure_eq(
+            done.as_str(),
+            "done",
+            "lease of a job claimed before the upgrade",
+        )?;
+        u.batch_execute("BEGIN").await?;
+        ensure_eq(
+            claim(&u, "SELECT dedup.try_claim('fp-new', 'default', 'f')").await?,
+            true,
+            "claim with a fingerprint after the upgrade",
+        )?;
+        u.batch_execute("COMMIT").await?;
     }
     Ok(())
 }

@@ -1,0 +1,312 @@
+-- dedup 0.2.0 -> 0.3.0: external effects. Keeps every claim; adds four nullable columns to
+-- dedup.processed (no table rewrite), leases, stored results and payload fingerprints. The
+-- objects are the ones src/claim.rs, src/lease.rs and sql/leases.sql create in a new install.
+\echo Use "ALTER EXTENSION dedup UPDATE TO '0.3.0'" to load this file. \quit
+
+CREATE FUNCTION dedup._try_claim_fp(
+	"job_id" pg_catalog.text,
+	"scope" pg_catalog.text,
+	"fingerprint" pg_catalog.text
+) RETURNS pg_catalog.bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'try_claim_fingerprint_wrapper';
+
+CREATE FUNCTION dedup._check_claim(
+	"func" pg_catalog.text,
+	"job_id" pg_catalog.text,
+	"scope" pg_catalog.text,
+	"fingerprint" pg_catalog.text
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'check_claim_wrapper';
+
+CREATE FUNCTION dedup.set_result(
+	"job_id" pg_catalog.text,
+	"result" pg_catalog.jsonb,
+	"scope" pg_catalog.text DEFAULT 'default'
+) RETURNS void
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_result_wrapper';
+
+ALTER TABLE dedup.processed
+    ADD COLUMN fingerprint      pg_catalog.text COLLATE pg_catalog."C",
+    ADD COLUMN result           pg_catalog.jsonb,
+    ADD COLUMN lease_id         pg_catalog.uuid,
+    ADD COLUMN lease_expires_at pg_catalog.timestamptz;
+
+COMMENT ON COLUMN dedup.processed.fingerprint IS
+    'The payload fingerprint the job was first claimed with, if any.';
+COMMENT ON COLUMN dedup.processed.result IS
+    'The result stored with the job (dedup.set_result, dedup.complete), for dedup.claim_result.';
+COMMENT ON COLUMN dedup.processed.lease_id IS
+    'The lease that holds or completed the job (dedup.lease); NULL for a try_claim claim.';
+COMMENT ON COLUMN dedup.processed.lease_expires_at IS
+    'Until when the lease holds the job; NULL once done.';
+
+-- Raises dedup's own errors, whose SQLSTATEs only PL/pgSQL can set:
+--   YD001 the job was claimed with another payload fingerprint
+--   YD002 the caller does not hold the lease it names
+CREATE FUNCTION dedup._raise(sqlstate pg_catalog.text, message pg_catalog.text, hint pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = sqlstate, MESSAGE = message, HINT = hint;
+END
+$$;
+
+CREATE FUNCTION dedup._fingerprint_mismatch(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT dedup._raise('YD001',
+        pg_catalog.format('%s: job %L in scope %L was claimed with a different payload fingerprint',
+                          func, job_id, scope),
+        'The same job id came with another payload: a bug in the producer, or two jobs sharing an id. '
+        'Check the message; do not treat it as a duplicate.')
+$$;
+
+-- try_claim with a payload fingerprint. Plain SQL without SET or SECURITY DEFINER, so the
+-- planner inlines it: the call costs what the C function costs. Every name is qualified,
+-- and COALESCE needs no operator, so the caller's search_path cannot change its meaning.
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.text, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT COALESCE(dedup._try_claim_fp(job_id, scope, fingerprint),
+                    dedup._fingerprint_mismatch('dedup.try_claim', job_id, scope))
+$$;
+
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.int8, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT COALESCE(dedup._try_claim_fp(job_id::pg_catalog.text, scope, fingerprint),
+                    dedup._fingerprint_mismatch('dedup.try_claim', job_id::pg_catalog.text, scope))
+$$;
+
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.uuid, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT COALESCE(dedup._try_claim_fp(job_id::pg_catalog.text, scope, fingerprint),
+                    dedup._fingerprint_mismatch('dedup.try_claim', job_id::pg_catalog.text, scope))
+$$;
+
+-- A lease, in a short transaction of its own before an external effect.
+CREATE FUNCTION dedup.lease(
+    job_id      pg_catalog.text,
+    scope       pg_catalog.text DEFAULT 'default',
+    duration    pg_catalog.interval DEFAULT NULL,
+    fingerprint pg_catalog.text DEFAULT NULL,
+    OUT status     pg_catalog.text,
+    OUT lease_id   pg_catalog.uuid,
+    OUT expires_at pg_catalog.timestamptz,
+    OUT result     pg_catalog.jsonb,
+    OUT claimed_at pg_catalog.timestamptz)
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d     interval;
+    held  dedup.processed;
+BEGIN
+    -- (loads the library, and with it the setting dedup.lease_duration)
+    PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
+    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
+    IF d <= interval '0' THEN
+        PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
+                             'Pass how long the external effect may take, e.g. ''30 seconds''.');
+    END IF;
+    IF d > dedup.retention(scope) THEN
+        PERFORM dedup._raise('22023',
+            format('dedup.lease: a lease of %s is longer than the retention of scope %L (%s)', d, scope,
+                   dedup.retention(scope)),
+            'A lease must end before its claim could be pruned: shorten the lease, extend it while '
+            'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
+    END IF;
+
+    -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
+    -- statement, so one caller wins. Otherwise the row stays locked until we commit.
+    INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+    VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
+    ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+        SET processed_at = excluded.processed_at,
+            fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+            lease_id = excluded.lease_id,
+            lease_expires_at = excluded.lease_expires_at
+        WHERE p.lease_expires_at < clock_timestamp()
+          AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+    RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    IF FOUND THEN
+        status := 'acquired';
+        RETURN;
+    END IF;
+
+    SELECT * INTO STRICT held FROM dedup.processed AS p
+     WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
+    IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
+        PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
+    END IF;
+    claimed_at := held.processed_at;
+    IF held.lease_expires_at IS NULL THEN
+        status := 'done';
+        result := held.result;
+    ELSE
+        status := 'busy';
+        expires_at := held.lease_expires_at;
+    END IF;
+END
+$$;
+
+-- The holder's lease on a job: held (or expired but not taken over) and not yet done.
+-- Raises YD002 otherwise, saying what happened to it.
+CREATE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held dedup.processed;
+BEGIN
+    SELECT * INTO held FROM dedup.processed AS p WHERE p.job_id = _lease_lost.job_id AND p.scope = _lease_lost.scope;
+    RETURN dedup._raise('YD002',
+        format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
+            CASE
+                WHEN NOT FOUND THEN 'there is no lease on the job (released, or pruned)'
+                WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
+                    THEN 'the job is done, by another claim'
+                WHEN held.lease_id IS DISTINCT FROM lease_id
+                    THEN 'it expired and another caller took the job over'
+                ELSE 'the lease was completed already'
+            END),
+        'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
+        'the job''s idempotency key at the external system is what stops a repeat.');
+END
+$$;
+
+CREATE FUNCTION dedup.complete(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    result   pg_catalog.jsonb DEFAULT NULL,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_claim('dedup.complete', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.complete: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    UPDATE dedup.processed AS p
+       SET lease_expires_at = NULL, result = complete.result
+     WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+       AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF NOT FOUND THEN
+        -- Completing twice with the same lease is a no-op: the first result stays.
+        PERFORM FROM dedup.processed AS p
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NULL;
+        IF NOT FOUND THEN
+            PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
+        END IF;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION dedup.extend_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    duration pg_catalog.interval DEFAULT NULL,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d     interval;
+    until timestamptz;
+BEGIN
+    PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
+    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
+    IF d <= interval '0' THEN
+        PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),
+                             'Pass how much longer the external effect may take.');
+    END IF;
+    UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
+     WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+       AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+    RETURNING p.lease_expires_at INTO until;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
+    END IF;
+    RETURN until;
+END
+$$;
+
+CREATE FUNCTION dedup.release_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
+    DELETE FROM dedup.processed AS p
+     WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
+       AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+    END IF;
+END
+$$;
+
+-- For a job that is done: the result stored with it and when it was claimed. No row for a
+-- job that is not done (never claimed, leased and not completed, or pruned).
+CREATE FUNCTION dedup.claim_result(
+    job_id pg_catalog.text,
+    scope  pg_catalog.text DEFAULT 'default',
+    OUT result     pg_catalog.jsonb,
+    OUT claimed_at pg_catalog.timestamptz)
+RETURNS SETOF record
+LANGUAGE sql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.result, p.processed_at FROM dedup.processed AS p
+     WHERE p.job_id = claim_result.job_id AND p.scope = claim_result.scope
+       AND p.lease_expires_at IS NULL
+$$;
+
+REVOKE ALL ON FUNCTION dedup._raise(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._check_claim(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+'dedup.try_claim with a payload fingerprint: a later claim of the same job with another fingerprint raises YD001 instead of returning false.';
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.int8, pg_catalog.text, pg_catalog.text) IS
+'dedup.try_claim with a payload fingerprint, for a bigint job id.';
+COMMENT ON FUNCTION dedup.try_claim(pg_catalog.uuid, pg_catalog.text, pg_catalog.text) IS
+'dedup.try_claim with a payload fingerprint, for a uuid job id.';
+COMMENT ON FUNCTION dedup.lease(pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.text) IS
+'Lease a job before an external effect: status acquired (you hold it until expires_at), done (skip it; here is its result) or busy (leave the message unacknowledged).';
+COMMENT ON FUNCTION dedup.complete(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb, pg_catalog.text) IS
+'Mark a leased job done, with its result; raises YD002 if the lease is no longer held.';
+COMMENT ON FUNCTION dedup.extend_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.interval, pg_catalog.text) IS
+'Extend a held lease (heartbeat); returns the new expiry; raises YD002 if it is no longer held.';
+COMMENT ON FUNCTION dedup.release_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.text) IS
+'Give a held lease back after a failure, so a retry need not wait for it to expire.';
+COMMENT ON FUNCTION dedup.set_result(pg_catalog.text, pg_catalog.jsonb, pg_catalog.text) IS
+'Store the result of a job claimed with try_claim in this transaction, for dedup.claim_result to return to later copies.';
+COMMENT ON FUNCTION dedup.claim_result(pg_catalog.text, pg_catalog.text) IS
+'For a job that is done: the result stored with it and when it was claimed.';

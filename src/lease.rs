@@ -1,0 +1,81 @@
+//! External effects: leases, stored results and payload fingerprints.
+//!
+//! The lease functions themselves are PL/pgSQL in `sql/leases.sql` (an `INSERT ... ON
+//! CONFLICT DO UPDATE` takes a job or an expired lease over atomically, and PL/pgSQL can
+//! raise dedup's own SQLSTATEs). This file holds what they share with `try_claim`: the
+//! argument checks, and the result of a job claimed with `try_claim`.
+use crate::{claim, error};
+use pgrx::datum::{DatumWithOid, JsonB};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+
+/// `dedup._check_claim(func, job_id, scope, fingerprint)`: the checks every claim and lease
+/// makes, with errors that name `func`.
+#[pg_extern(name = "_check_claim", volatile, parallel_unsafe)]
+fn check_claim(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint: Option<&str>) {
+    let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
+    if job_id.is_empty() {
+        error::empty_argument(func, "job_id");
+    }
+    if job_id.len() > error::MAX_JOB_ID_BYTES {
+        error::too_long(func, "job_id", job_id.len(), error::MAX_JOB_ID_BYTES);
+    }
+    let scope = scope.unwrap_or_else(|| error::null_argument(func, "scope"));
+    claim::check_scope(func, scope);
+    if let Some(fp) = fingerprint {
+        claim::check_fingerprint(func, fp);
+    }
+    claim::check_writable(func);
+}
+
+/// `dedup.set_result(job_id, result, scope)`: store the result of a job this transaction
+/// claimed with `try_claim`, for `dedup.claim_result` to return to later copies.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_result(
+    job_id: Option<&str>,
+    result: Option<JsonB>,
+    scope: default!(Option<&str>, "'default'"),
+) {
+    const F: &str = "dedup.set_result";
+    check_claim(F, job_id, scope, None);
+    let found = Spi::get_two_with_args::<String, bool>(
+        "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL FROM dedup.processed AS p \
+         WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
+        &[DatumWithOid::from(job_id), DatumWithOid::from(scope)],
+    );
+    let (xmin, leased) = match found {
+        Ok((Some(xmin), Some(leased))) => (xmin, leased),
+        _ => error::not_claimed_here(F),
+    };
+    if leased {
+        error::leased(F);
+    }
+    let xmin = pg_sys::TransactionId::from(xmin.parse::<u32>().unwrap_or(0));
+    if !unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) } {
+        error::not_claimed_here(F);
+    }
+    Spi::run_with_args(
+        "UPDATE dedup.processed AS p SET result = $3 \
+         WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
+        &[
+            DatumWithOid::from(job_id),
+            DatumWithOid::from(scope),
+            DatumWithOid::from(result),
+        ],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+}
+
+// 0.3.0: the lease functions, try_claim with a fingerprint, claim_result.
+extension_sql_file!(
+    "../sql/leases.sql",
+    name = "leases",
+    requires = [
+        "retention",
+        claim::try_claim_fingerprint,
+        check_claim,
+        set_result,
+        prune::retention
+    ]
+);
