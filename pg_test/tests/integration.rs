@@ -24,6 +24,8 @@ mod docs;
 mod dump_restore;
 #[path = "integration/errors.rs"]
 mod errors;
+#[path = "integration/examples.rs"]
+mod examples;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -66,6 +68,11 @@ const TESTS: &[(&str, TestFn)] = tests![
     lifecycle::altered_table_is_refused,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
+    examples::rust_tokio_postgres_consumer,
+    examples::python_psycopg_consumer,
+    examples::python_asyncpg_consumer,
+    examples::python_sqlalchemy_consumer,
+    examples::node_pg_consumer,
     isolation_specs::isolation_specs_pass,
 ];
 
