@@ -68,6 +68,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     lifecycle::altered_table_is_refused,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
+    examples::readme_shows_the_examples_as_they_run,
     examples::rust_tokio_postgres_consumer,
     examples::python_psycopg_consumer,
     examples::python_asyncpg_consumer,

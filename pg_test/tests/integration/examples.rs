@@ -1,5 +1,5 @@
 //! The client examples in examples/, each run as its own processes against the test server
-//! with a duplicated workload.
+//! with a duplicated workload, and the README's snippets checked against them.
 //!
 //! Per example: load examples/schema.sql, send each job once, twice or 3 times (copies a few
 //! messages apart), inject faults into the effect's transactions (deadlock, serialization
@@ -50,6 +50,15 @@ const NODE: Example = Example {
     command: &["node", "examples/node/consumer.js"],
 };
 const PYTHON: &str = "examples/python/.venv/bin/python";
+
+/// Every file whose `[readme:NAME]` regions the README may show: the files run above.
+const RUN_FILES: &[&str] = &[
+    "examples/rust/src/main.rs",
+    "examples/python/consumer_psycopg.py",
+    "examples/python/consumer_asyncpg.py",
+    "examples/python/consumer_sqlalchemy.py",
+    "examples/node/consumer.js",
+];
 
 pub async fn rust_tokio_postgres_consumer(ctx: Ctx) -> Result<()> {
     run(&ctx, &RUST).await
@@ -349,5 +358,92 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
         totals[2],
         totals[3]
     );
+    Ok(())
+}
+
+/// The text between the lines marking `[readme:NAME]` and `[/readme:NAME]` in `file`.
+fn region(file: &str, text: &str, name: &str) -> Result<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim_end().ends_with(&format!("[readme:{name}]")))
+        .with_context(|| format!("{file} has no [readme:{name}] region"))?;
+    let len = lines[start + 1..]
+        .iter()
+        .position(|l| l.trim_end().ends_with(&format!("[/readme:{name}]")))
+        .with_context(|| format!("{file}: [readme:{name}] is not closed"))?;
+    Ok(lines[start + 1..start + 1 + len].join("\n"))
+}
+
+/// The README's "Use it from your language" section shows the examples' marked regions,
+/// character for character, and no other code; every region of every example is shown,
+/// and every example shows at least one.
+pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
+    let readme = std::fs::read_to_string(root().join("README.md"))?;
+    let (Some(s), Some(e)) = (
+        readme.find("<!-- examples -->"),
+        readme.find("<!-- /examples -->"),
+    ) else {
+        bail!("README has no <!-- examples --> ... <!-- /examples --> section");
+    };
+    let lines: Vec<&str> = readme[s..e].lines().collect();
+    let mut shown = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if let Some(rest) = line.strip_prefix("<!-- snippet: ") {
+            let target = rest.trim_end().trim_end_matches("-->").trim();
+            let Some((file, name)) = target.split_once('#') else {
+                bail!("README: {line}: want <!-- snippet: PATH#NAME -->");
+            };
+            if !RUN_FILES.contains(&file) {
+                bail!("README shows {file}, which the tests do not run");
+            }
+            let Some(fence) = lines.get(i + 1).filter(|l| l.starts_with("```")) else {
+                bail!("README: {line} is not followed by a code block");
+            };
+            let len = lines[i + 2..]
+                .iter()
+                .position(|l| l.starts_with("```"))
+                .with_context(|| format!("README: the code block after {line} is not closed"))?;
+            let block = lines[i + 2..i + 2 + len].join("\n");
+            let text = std::fs::read_to_string(root().join(file))?;
+            let want = region(file, &text, name)?;
+            if block != want {
+                bail!(
+                    "README's snippet {file}#{name} differs from the file; replace the block after \
+                     `{line}` (opened by {fence}) with:\n{want}"
+                );
+            }
+            shown.push(format!("{file}#{name}"));
+            i += 2 + len + 1;
+            continue;
+        }
+        if line.starts_with("```") {
+            bail!("README's examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
+        }
+        i += 1;
+    }
+    // Every region in the examples is shown.
+    for file in RUN_FILES {
+        let text = std::fs::read_to_string(root().join(file))?;
+        for l in text.lines() {
+            if let Some(name) = l
+                .trim_end()
+                .split("[readme:")
+                .nth(1)
+                .and_then(|r| r.strip_suffix(']'))
+            {
+                if !shown.contains(&format!("{file}#{name}")) {
+                    bail!("{file} marks the region {name} for the README, which does not show it");
+                }
+            }
+        }
+    }
+    for file in RUN_FILES {
+        if !shown.iter().any(|s| s.starts_with(&format!("{file}#"))) {
+            bail!("README shows nothing of {file}");
+        }
+    }
     Ok(())
 }
