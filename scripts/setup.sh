@@ -54,4 +54,39 @@ else
     cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" >/dev/null
 fi
 
+# --- client examples (examples/): Python and Node dependencies from their lock files ---
+# examples/python/.venv from requirements.txt, examples/node/node_modules from
+# package-lock.json; each redone only when its lock file changed (a stamp holds its hash).
+examples_deps() {
+    local py=examples/python node=examples/node stamp want need=()
+    python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3 python3-venv)
+    command -v npm >/dev/null || need+=(nodejs npm)
+    if [ ${#need[@]} -gt 0 ]; then
+        log "installing Debian packages for the examples: ${need[*]}"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+    want=$(sha256sum "$py/requirements.txt" | cut -d' ' -f1)
+    stamp="$py/.venv/.requirements.sha256"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "Python example dependencies present"
+    else
+        log "installing Python example dependencies into $py/.venv"
+        python3 -m venv --clear "$py/.venv"
+        "$py/.venv/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$py/requirements.txt"
+        "$py/.venv/bin/pip" check --disable-pip-version-check >/dev/null
+        echo "$want" >"$stamp"
+    fi
+    want=$(sha256sum "$node/package-lock.json" | cut -d' ' -f1)
+    stamp="$node/node_modules/.package-lock.sha256"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        log "Node example dependencies present"
+    else
+        log "installing Node example dependencies into $node/node_modules (npm ci)"
+        (cd "$node" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+        echo "$want" >"$stamp"
+    fi
+}
+(cd "$(dirname "$0")/.." && examples_deps)
+
 log "ready"

@@ -24,6 +24,8 @@ mod docs;
 mod dump_restore;
 #[path = "integration/errors.rs"]
 mod errors;
+#[path = "integration/examples.rs"]
+mod examples;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -83,6 +85,12 @@ const TESTS: &[(&str, TestFn)] = tests![
     leases::leases_and_fingerprints_raise_their_own_sqlstates,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
+    examples::readme_shows_the_examples_as_they_run,
+    examples::rust_tokio_postgres_consumer,
+    examples::python_psycopg_consumer,
+    examples::python_asyncpg_consumer,
+    examples::python_sqlalchemy_consumer,
+    examples::node_pg_consumer,
     isolation_specs::isolation_specs_pass,
 ];
 

@@ -1,0 +1,449 @@
+//! The client examples in examples/, each run as its own processes against the test server
+//! with a duplicated workload, and the README's snippets checked against them.
+//!
+//! Per example: load examples/schema.sql, send each job once, twice or 3 times (copies a few
+//! messages apart), inject faults into the effect's transactions (deadlock, serialization
+//! failure at COMMIT, plain errors before and at COMMIT, and a plain error on the first
+//! attempt of some jobs sent only once, so that acknowledging a message whose transaction
+//! failed loses a job), start 3 consumer processes, SIGKILL one of them mid-run, and wait
+//! for the others to drain the queue. Then every job's effect must be
+//! in `receipts` exactly once, every message acknowledged, and the survivors must have
+//! retried and left failed messages unacknowledged (redelivered and done later).
+use crate::common::{ensure_eq, Ctx};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+
+const JOBS: i64 = 120;
+/// Copies of job j: 1 if j is a multiple of 5, else 2 if j is even, else 3.
+const COPIES: &str = "CASE WHEN j % 5 = 0 THEN 1 WHEN j % 2 = 0 THEN 2 ELSE 3 END";
+const PROCESSES: usize = 3;
+
+/// How to start one example.
+struct Example {
+    name: &'static str,
+    /// The program and its arguments, relative to the repository root.
+    command: &'static [&'static str],
+}
+
+const RUST: Example = Example {
+    name: "rust tokio-postgres",
+    command: &["<rust>"],
+};
+const PSYCOPG: Example = Example {
+    name: "python psycopg",
+    command: &[PYTHON, "examples/python/consumer_psycopg.py"],
+};
+const ASYNCPG: Example = Example {
+    name: "python asyncpg",
+    command: &[PYTHON, "examples/python/consumer_asyncpg.py"],
+};
+const SQLALCHEMY: Example = Example {
+    name: "python sqlalchemy",
+    command: &[PYTHON, "examples/python/consumer_sqlalchemy.py"],
+};
+const NODE: Example = Example {
+    name: "node pg",
+    command: &["node", "examples/node/consumer.js"],
+};
+const PYTHON: &str = "examples/python/.venv/bin/python";
+
+/// Every file whose `[readme:NAME]` regions the README may show: the files run above.
+const RUN_FILES: &[&str] = &[
+    "examples/rust/src/main.rs",
+    "examples/python/consumer_psycopg.py",
+    "examples/python/consumer_asyncpg.py",
+    "examples/python/consumer_sqlalchemy.py",
+    "examples/node/consumer.js",
+];
+
+pub async fn rust_tokio_postgres_consumer(ctx: Ctx) -> Result<()> {
+    run(&ctx, &RUST).await
+}
+pub async fn python_psycopg_consumer(ctx: Ctx) -> Result<()> {
+    run(&ctx, &PSYCOPG).await
+}
+pub async fn python_asyncpg_consumer(ctx: Ctx) -> Result<()> {
+    run(&ctx, &ASYNCPG).await
+}
+pub async fn python_sqlalchemy_consumer(ctx: Ctx) -> Result<()> {
+    run(&ctx, &SQLALCHEMY).await
+}
+pub async fn node_pg_consumer(ctx: Ctx) -> Result<()> {
+    run(&ctx, &NODE).await
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("pg_test has a parent")
+        .to_path_buf()
+}
+
+/// The Rust example's binary, built (or found up to date) by cargo.
+async fn rust_binary() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["build", "--quiet", "-p", "dedup-example-consumer"])
+        .current_dir(root())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .with_context(|| format!("running {cargo} build"))?;
+    if !out.status.success() {
+        bail!(
+            "cargo build -p dedup-example-consumer failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    Ok(target.join("debug/dedup-example-consumer"))
+}
+
+/// The example's command line, checking that setup.sh installed its dependencies.
+async fn command(example: &Example) -> Result<Vec<PathBuf>> {
+    let root = root();
+    if example.command == ["<rust>"] {
+        return Ok(vec![rust_binary().await?]);
+    }
+    let needs: &Path = if example.command[0] == PYTHON {
+        Path::new(PYTHON)
+    } else {
+        Path::new("examples/node/node_modules/pg")
+    };
+    if !root.join(needs).exists() {
+        bail!(
+            "{} is missing: run `bash scripts/setup.sh` to install the examples' dependencies",
+            needs.display()
+        );
+    }
+    Ok(example
+        .command
+        .iter()
+        .map(|a| {
+            if a.starts_with("examples/") {
+                root.join(a)
+            } else {
+                PathBuf::from(a)
+            }
+        })
+        .collect())
+}
+
+/// Faults in the effect's transaction, counted by sequences (which rollbacks do not undo):
+/// every 11th insert attempt raises a deadlock, every 17th a plain error, and so does the
+/// first attempt of every job whose number is a multiple of 10 (sent once); at COMMIT (a
+/// deferred trigger) every 13th raises a serialization failure, every 23rd a plain error.
+const FAULTS: &str = r#"
+CREATE SEQUENCE test_insert_attempts;
+CREATE SEQUENCE test_commit_attempts;
+DO $$ BEGIN
+    FOR j IN 10..1000 BY 10 LOOP
+        EXECUTE format('CREATE SEQUENCE test_first_attempt_job_%s', j);
+    END LOOP;
+END $$;
+CREATE FUNCTION test_fault_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint := nextval('test_insert_attempts');
+    once regclass := to_regclass('test_first_attempt_' || replace(NEW.job_id, '-', '_'));
+BEGIN
+    IF once IS NOT NULL AND nextval(once) = 1 THEN
+        RAISE EXCEPTION 'injected failure of the first attempt of %', NEW.job_id;
+    END IF;
+    IF n % 11 = 0 THEN
+        RAISE EXCEPTION 'injected deadlock (attempt %)', n USING ERRCODE = 'deadlock_detected';
+    END IF;
+    IF n % 17 = 0 THEN
+        RAISE EXCEPTION 'injected failure (attempt %)', n;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE FUNCTION test_fault_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE n bigint := nextval('test_commit_attempts');
+BEGIN
+    IF n % 13 = 0 THEN
+        RAISE EXCEPTION 'injected serialization failure at commit (attempt %)', n
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    IF n % 23 = 0 THEN
+        RAISE EXCEPTION 'injected failure at commit (attempt %)', n;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_on_insert BEFORE INSERT ON receipts
+    FOR EACH ROW EXECUTE FUNCTION test_fault_on_insert();
+CREATE CONSTRAINT TRIGGER fault_at_commit AFTER INSERT ON receipts
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_fault_at_commit();
+"#;
+
+/// Read a child's output to the end in the background (so a full pipe never blocks it).
+fn drain(
+    mut r: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf).await;
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+struct Consumer {
+    child: Child,
+    stdout: tokio::task::JoinHandle<String>,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
+    let argv = command(example).await?;
+    let schema = std::fs::read_to_string(root().join("examples/schema.sql"))?;
+    let c = ctx.connect().await?;
+    c.batch_execute(&schema)
+        .await
+        .context("loading examples/schema.sql")?;
+    c.batch_execute(FAULTS).await?;
+    // Copy k of job j at position j + 4k: copies a few messages apart, so they are often in
+    // flight at the same time.
+    c.batch_execute(&format!(
+        "DO $$ DECLARE r record; BEGIN
+           FOR r IN SELECT j, k FROM generate_series(1, {JOBS}) j, generate_series(0, {COPIES} - 1) k
+                    ORDER BY j + 4 * k, k LOOP
+             PERFORM queue.send('job-' || r.j);
+           END LOOP;
+         END $$"
+    ))
+    .await?;
+
+    let messages: i64 = c
+        .query_one("SELECT count(*) FROM queue.messages", &[])
+        .await?
+        .get(0);
+    let url = format!(
+        "postgresql://postgres@127.0.0.1:{}/{}",
+        ctx.cluster.port, ctx.db
+    );
+    let started = Instant::now();
+    let mut consumers = Vec::new();
+    for _ in 0..PROCESSES {
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(root())
+            .env("DATABASE_URL", &url)
+            .env("WORKERS", "3")
+            .env("VISIBILITY_TIMEOUT_S", "1")
+            .env("EXIT_WHEN_EMPTY", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {argv:?}"))?;
+        let stdout = drain(child.stdout.take().expect("piped"));
+        let stderr = drain(child.stderr.take().expect("piped"));
+        consumers.push(Consumer {
+            child,
+            stdout,
+            stderr,
+        });
+    }
+
+    // Kill one consumer with SIGKILL once a quarter of the jobs are done: whatever it had
+    // received but not acknowledged must be delivered again and done by the others.
+    let mut killed_at = None;
+    loop {
+        let done: i64 = c
+            .query_one("SELECT count(*) FROM receipts", &[])
+            .await?
+            .get(0);
+        if consumers[0].child.try_wait()?.is_some() {
+            break; // already finished: nothing to kill
+        }
+        if done >= JOBS / 4 {
+            consumers[0].child.start_kill()?;
+            killed_at = Some(done);
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("fewer than {} jobs done after 120 s", JOBS / 4);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let mut totals = [0u64; 4]; // done, skipped, retried, failed (survivors)
+    let mut logs = String::new();
+    for (i, mut consumer) in consumers.into_iter().enumerate() {
+        let status =
+            match tokio::time::timeout(Duration::from_secs(120), consumer.child.wait()).await {
+                Ok(s) => s?,
+                Err(_) => {
+                    consumer.child.start_kill()?;
+                    bail!("consumer {i} of {} still running after 120 s", example.name);
+                }
+            };
+        let (out, err) = (consumer.stdout.await?, consumer.stderr.await?);
+        logs.push_str(&format!(
+            "--- consumer {i}: {status}\n{out}{}\n",
+            err.lines().take(20).collect::<Vec<_>>().join("\n")
+        ));
+        if i == 0 && killed_at.is_some() {
+            continue;
+        }
+        if !status.success() {
+            bail!("consumer {i} of {} failed: {status}\n{logs}", example.name);
+        }
+        let Some(summary) = out.lines().find_map(|l| l.split_once(" summary ")) else {
+            bail!("consumer {i} printed no summary\n{logs}");
+        };
+        for field in summary.1.split_whitespace() {
+            let (key, value) = field.split_once('=').unwrap_or((field, ""));
+            let slot = ["done", "skipped", "retried", "failed"]
+                .iter()
+                .position(|k| *k == key);
+            if let (Some(slot), Ok(n)) = (slot, value.parse::<u64>()) {
+                totals[slot] += n;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let check = async {
+        let row = c
+            .query_one(
+                &format!(
+                    "SELECT count(*), count(DISTINCT job_id), \
+                       (SELECT count(*) FROM generate_series(1, {JOBS}) j \
+                        WHERE NOT EXISTS (SELECT FROM receipts WHERE job_id = 'job-' || j)), \
+                       queue.pending(), \
+                       (SELECT count(*) FROM dedup.processed), \
+                       (SELECT last_value FROM test_insert_attempts), \
+                       (SELECT last_value FROM test_commit_attempts) \
+                     FROM receipts"
+                ),
+                &[],
+            )
+            .await?;
+        let got: [i64; 7] = std::array::from_fn(|i| row.get(i));
+        ensure_eq(got[0], JOBS, "effect rows")?;
+        ensure_eq(got[1], JOBS, "distinct jobs in the effect table")?;
+        ensure_eq(got[2], 0, "jobs never done")?;
+        ensure_eq(got[3], 0, "messages never acknowledged")?;
+        ensure_eq(got[4], JOBS, "claims")?;
+        if got[5] < 17 || got[6] < 23 {
+            bail!("too few attempts to inject every fault: {got:?}");
+        }
+        let [_, skipped, retried, failed] = totals;
+        if skipped == 0 || retried == 0 || failed == 0 {
+            bail!("the survivors skipped {skipped}, retried {retried}, failed {failed}: each should be > 0");
+        }
+        Ok(())
+    };
+    check
+        .await
+        .with_context(|| format!("{}:\n{logs}", example.name))?;
+    println!(
+        "  {}: {PROCESSES} processes, {messages} messages for {JOBS} jobs in {:.1} s; {}; \
+         survivors: done={} skipped={} retried={} failed={}",
+        example.name,
+        elapsed.as_secs_f64(),
+        match killed_at {
+            Some(n) => format!("one killed after {n} jobs"),
+            None => "none killed (the first finished early)".into(),
+        },
+        totals[0],
+        totals[1],
+        totals[2],
+        totals[3]
+    );
+    Ok(())
+}
+
+/// The text between the lines marking `[readme:NAME]` and `[/readme:NAME]` in `file`.
+fn region(file: &str, text: &str, name: &str) -> Result<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim_end().ends_with(&format!("[readme:{name}]")))
+        .with_context(|| format!("{file} has no [readme:{name}] region"))?;
+    let len = lines[start + 1..]
+        .iter()
+        .position(|l| l.trim_end().ends_with(&format!("[/readme:{name}]")))
+        .with_context(|| format!("{file}: [readme:{name}] is not closed"))?;
+    Ok(lines[start + 1..start + 1 + len].join("\n"))
+}
+
+/// The README's "Use it from your language" section shows the examples' marked regions,
+/// character for character, and no other code; every region of every example is shown,
+/// and every example shows at least one.
+pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
+    let readme = std::fs::read_to_string(root().join("README.md"))?;
+    let (Some(s), Some(e)) = (
+        readme.find("<!-- examples -->"),
+        readme.find("<!-- /examples -->"),
+    ) else {
+        bail!("README has no <!-- examples --> ... <!-- /examples --> section");
+    };
+    let lines: Vec<&str> = readme[s..e].lines().collect();
+    let mut shown = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if let Some(rest) = line.strip_prefix("<!-- snippet: ") {
+            let target = rest.trim_end().trim_end_matches("-->").trim();
+            let Some((file, name)) = target.split_once('#') else {
+                bail!("README: {line}: want <!-- snippet: PATH#NAME -->");
+            };
+            if !RUN_FILES.contains(&file) {
+                bail!("README shows {file}, which the tests do not run");
+            }
+            let Some(fence) = lines.get(i + 1).filter(|l| l.starts_with("```")) else {
+                bail!("README: {line} is not followed by a code block");
+            };
+            let len = lines[i + 2..]
+                .iter()
+                .position(|l| l.starts_with("```"))
+                .with_context(|| format!("README: the code block after {line} is not closed"))?;
+            let block = lines[i + 2..i + 2 + len].join("\n");
+            let text = std::fs::read_to_string(root().join(file))?;
+            let want = region(file, &text, name)?;
+            if block != want {
+                bail!(
+                    "README's snippet {file}#{name} differs from the file; replace the block after \
+                     `{line}` (opened by {fence}) with:\n{want}"
+                );
+            }
+            shown.push(format!("{file}#{name}"));
+            i += 2 + len + 1;
+            continue;
+        }
+        if line.starts_with("```") {
+            bail!("README's examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
+        }
+        i += 1;
+    }
+    // Every region in the examples is shown.
+    for file in RUN_FILES {
+        let text = std::fs::read_to_string(root().join(file))?;
+        for l in text.lines() {
+            if let Some(name) = l
+                .trim_end()
+                .split("[readme:")
+                .nth(1)
+                .and_then(|r| r.strip_suffix(']'))
+            {
+                if !shown.contains(&format!("{file}#{name}")) {
+                    bail!("{file} marks the region {name} for the README, which does not show it");
+                }
+            }
+        }
+    }
+    for file in RUN_FILES {
+        if !shown.iter().any(|s| s.starts_with(&format!("{file}#"))) {
+            bail!("README shows nothing of {file}");
+        }
+    }
+    Ok(())
+}
