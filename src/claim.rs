@@ -1,5 +1,5 @@
 //! The claim path: `dedup.try_claim(job_id, scope)`.
-use crate::{error, guc};
+use crate::{error, guc, stats};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -128,7 +128,7 @@ pub(crate) fn try_claim_fingerprint(
     }
     match claim(job_id, scope, fingerprint) {
         Outcome::Claimed => Some(true),
-        Outcome::Duplicate => Some(false),
+        Outcome::Duplicate | Outcome::Busy => Some(false),
         Outcome::FingerprintMismatch => None,
     }
 }
@@ -138,8 +138,12 @@ pub(crate) fn try_claim_fingerprint(
 pub(crate) enum Outcome {
     /// This transaction now holds the claim.
     Claimed,
-    /// A claim exists (committed, or taken earlier by this transaction).
+    /// A claim exists (committed before this call looked, or taken earlier by this
+    /// transaction).
     Duplicate,
+    /// A claim exists that a concurrent transaction committed while this call waited for
+    /// it (or after the call's snapshot): a copy that was in flight at the same time.
+    Busy,
     /// A claim exists, made with another payload fingerprint.
     FingerprintMismatch,
 }
@@ -162,7 +166,17 @@ pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
     check_transaction();
-    unsafe { insert_claim(scope, job_id, fingerprint) }
+    let outcome = unsafe { insert_claim(scope, job_id, fingerprint) };
+    stats::count(
+        scope,
+        match outcome {
+            Outcome::Claimed => stats::Event::Claim,
+            Outcome::Duplicate => stats::Event::Duplicate,
+            Outcome::Busy => stats::Event::Busy,
+            Outcome::FingerprintMismatch => stats::Event::FingerprintMismatch,
+        },
+    );
+    outcome
 }
 
 /// Insert the claim row the way `INSERT ... ON CONFLICT DO NOTHING` does, without the
@@ -267,26 +281,35 @@ unsafe fn inspect_conflict(
     ) {
         pgrx::error!("dedup: failed to fetch the conflicting claim");
     }
-    if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
-        let snapshot = if pg_sys::ActiveSnapshotSet() {
-            pg_sys::GetActiveSnapshot()
-        } else {
-            pg_sys::GetTransactionSnapshot()
-        };
-        if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
-            let mut isnull = false;
-            let xmin =
-                pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
-            let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
-            // Our own claim from an earlier command of this transaction is not a conflict.
-            if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+    // Committed after our snapshot: a copy in flight at the same time as ours (we waited
+    // for it), which REPEATABLE READ and SERIALIZABLE cannot accept.
+    let snapshot = if pg_sys::ActiveSnapshotSet() {
+        pg_sys::GetActiveSnapshot()
+    } else {
+        pg_sys::GetTransactionSnapshot()
+    };
+    let mut in_flight = false;
+    if !pg_sys::table_tuple_satisfies_snapshot(rel, slot, snapshot) {
+        let mut isnull = false;
+        let xmin =
+            pg_sys::slot_getsysattr(slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull);
+        let xmin = pg_sys::TransactionId::from(xmin.value() as u32);
+        // Our own claim from an earlier command of this transaction is not a conflict.
+        if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+            if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
                 error::serialization_failure(FUNC);
             }
+            in_flight = true;
         }
     }
+    let duplicate = if in_flight {
+        Outcome::Busy
+    } else {
+        Outcome::Duplicate
+    };
     if layout == Layout::Claims {
         pg_sys::ExecDropSingleTupleTableSlot(slot);
-        return Outcome::Duplicate;
+        return duplicate;
     }
     let mut isnull = false;
     pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut isnull);
@@ -298,7 +321,7 @@ unsafe fn inspect_conflict(
         Some(ours) if !isnull && <&str>::from_datum(stored, false) != Some(ours) => {
             Outcome::FingerprintMismatch
         }
-        _ => Outcome::Duplicate,
+        _ => duplicate,
     };
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     outcome

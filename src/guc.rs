@@ -20,6 +20,15 @@ pub static PRUNE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(5000);
 /// `dedup.lease_duration`, seconds: how long `dedup.lease` holds a job unless told otherwise.
 pub static LEASE_DURATION: GucSetting<i32> = GucSetting::<i32>::new(30);
 
+/// `dedup.stats_max`: entries of the shared counter table (database, scope, consumer).
+pub static STATS_MAX: GucSetting<i32> = GucSetting::<i32>::new(5000);
+
+/// `dedup.track_stats`: count claims, duplicates and busy calls.
+pub static TRACK_STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
+
+/// `dedup.consumer`: the consumer the counters are kept for; empty: application_name.
+pub static CONSUMER: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+
 /// `dedup.prune_role`: the role the worker prunes as; empty means the bootstrap superuser.
 pub static PRUNE_ROLE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
@@ -101,6 +110,26 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::UNIT_S,
     );
+    // A postmaster setting can only be defined while the server starts: only when preloaded.
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        define_stats_max();
+    }
+    GucRegistry::define_bool_guc(
+        c"dedup.track_stats",
+        c"Count claims, duplicates and busy calls in dedup.stats.",
+        c"Needs shared_preload_libraries = 'dedup'.",
+        &TRACK_STATS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"dedup.consumer",
+        c"The consumer name dedup.stats counts this session's claims under (empty: application_name).",
+        c"Set it where application_name is shared by many consumers, e.g. behind a pooler.",
+        &CONSUMER,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"dedup.prune_role",
         c"Role the background worker prunes as (empty: the bootstrap superuser).",
@@ -110,6 +139,28 @@ pub fn init() {
         GucFlags::default(),
     );
     reserve_prefix();
+}
+
+fn define_stats_max() {
+    GucRegistry::define_int_guc(
+        c"dedup.stats_max",
+        c"Database, scope and consumer combinations dedup.stats keeps counters for.",
+        c"The least recently used one is evicted when the table is full (dedup.stats_info \
+          counts evictions). Needs shared_preload_libraries = 'dedup'.",
+        &STATS_MAX,
+        100,
+        1_000_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+}
+
+/// The consumer name set for this session, if any.
+pub fn consumer() -> Option<String> {
+    CONSUMER
+        .get()
+        .and_then(|c| c.into_string().ok())
+        .filter(|c| !c.is_empty())
 }
 
 /// The worker's role, if one is set.

@@ -8,6 +8,7 @@ mod error;
 mod guc;
 mod lease;
 mod prune;
+mod stats;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
@@ -33,6 +34,7 @@ pub extern "C-unwind" fn _PG_init() {
     claim::init();
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register_launcher();
+        stats::request_shared_memory();
     }
 }
 

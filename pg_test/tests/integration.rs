@@ -38,6 +38,8 @@ mod lifecycle;
 mod retention;
 #[path = "integration/security.rs"]
 mod security;
+#[path = "integration/stats.rs"]
+mod stats;
 #[path = "integration/upgrade.rs"]
 mod upgrade;
 #[path = "integration/worker.rs"]
@@ -83,6 +85,11 @@ const TESTS: &[(&str, TestFn)] = tests![
     leases::crashed_holder_lease_is_taken_over_once,
     leases::crash_between_effect_and_done_marker_repeats_the_effect,
     leases::leases_and_fingerprints_raise_their_own_sqlstates,
+    stats::counts_match_a_known_workload,
+    stats::eviction_reset_and_privileges,
+    stats::counters_survive_a_clean_restart,
+    stats::without_preloading_stats_says_so,
+    stats::exporter_query_runs,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
     examples::readme_shows_the_examples_as_they_run,

@@ -2,6 +2,7 @@
 //! in the README's reference, and everything the reference names exists.
 use crate::common::Ctx;
 use anyhow::{bail, Result};
+use dedup_pg_test::cluster::{Cluster, Options};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -27,10 +28,13 @@ fn documented(section: &str) -> BTreeSet<String> {
         .collect()
 }
 
-pub async fn readme_documents_every_function_and_setting(ctx: Ctx) -> Result<()> {
+pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()> {
     let readme =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
-    let c = ctx.connect().await?;
+    // Preloaded: the settings only a preloaded library defines (dedup.stats_max) show too.
+    let cluster = Cluster::start(Options::named("docs").set("shared_preload_libraries", "dedup"))?;
+    cluster.create_db_with_extension("docs")?;
+    let c = dedup_pg_test::connect(&cluster.dsn("docs")).await?;
 
     let functions: BTreeSet<String> = c
         .query(

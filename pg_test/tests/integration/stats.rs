@@ -1,0 +1,294 @@
+//! dedup.stats: counts that match a workload with a known number of duplicates, eviction at
+//! the size bound, reset, privileges, and counters that survive a clean restart. Each test
+//! runs a cluster of its own with `shared_preload_libraries = 'dedup'`; the shared test
+//! server, without it, shows what dedup.stats says then.
+use crate::common::{ensure_eq, expect_sqlstate, Ctx};
+use anyhow::{bail, Result};
+use dedup_pg_test::cluster::{Cluster, Options};
+use dedup_pg_test::{connect, connect_when_up, wait_until_blocked, Conn};
+use std::collections::BTreeMap;
+
+fn preloaded(name: &str) -> Options {
+    Options::named(name)
+        .set("shared_preload_libraries", "dedup")
+        .set("dedup.prune_interval", "0")
+}
+
+/// (consumer) -> (claims, duplicates, busy, mismatches) for database `db`.
+async fn counters(c: &Conn, db: &str) -> Result<BTreeMap<String, (i64, i64, i64, i64)>> {
+    Ok(c.query(
+        "SELECT consumer, claims, duplicates, busy, fingerprint_mismatches FROM dedup.stats WHERE datname = $1",
+        &[&db],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
+    .collect())
+}
+
+async fn as_consumer(cluster: &Cluster, db: &str, name: &str) -> Result<Conn> {
+    let c = connect(&format!("{} application_name={name}", cluster.dsn(db))).await?;
+    c.batch_execute("SET dedup.warn_outside_transaction = off")
+        .await?;
+    Ok(c)
+}
+
+pub async fn counts_match_a_known_workload(_ctx: Ctx) -> Result<()> {
+    let cluster = Cluster::start(preloaded("stats"))?;
+    cluster.create_db_with_extension("app")?;
+    let (a, b, c) = (
+        as_consumer(&cluster, "app", "consumer-a").await?,
+        as_consumer(&cluster, "app", "consumer-b").await?,
+        as_consumer(&cluster, "app", "consumer-c").await?,
+    );
+    // a takes 100 jobs; b's copies of 50 of them arrive later: duplicates.
+    a.batch_execute("BEGIN; SELECT dedup.try_claim(g) FROM generate_series(1, 100) g; COMMIT;")
+        .await?;
+    for job in 1..=50i64 {
+        b.execute("SELECT dedup.try_claim($1::bigint)", &[&job])
+            .await?;
+    }
+    // c's copies of 10 more arrive while a's transaction holding them is open: busy.
+    a.batch_execute("BEGIN; SELECT dedup.try_claim(g) FROM generate_series(101, 110) g;")
+        .await?;
+    let c_pid = c.pid;
+    let c_task = tokio::spawn(async move {
+        let r = c
+            .batch_execute(
+                "BEGIN; SELECT dedup.try_claim(g) FROM generate_series(101, 110) g; COMMIT;",
+            )
+            .await;
+        (c, r)
+    });
+    let observer = connect(&cluster.dsn("app")).await?;
+    wait_until_blocked(&observer, c_pid).await?;
+    a.batch_execute("COMMIT").await?;
+    let (c, r) = c_task.await?;
+    r?;
+    // A lease: a acquires, b finds it busy, c finds it done after a completes.
+    let id: uuid::Uuid = a
+        .query_one("SELECT lease_id FROM dedup.lease('mail-1')", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        b.query_one("SELECT status FROM dedup.lease('mail-1')", &[])
+            .await?
+            .get::<_, String>(0)
+            .as_str(),
+        "busy",
+        "b's lease",
+    )?;
+    a.execute("SELECT dedup.complete('mail-1', $1)", &[&id])
+        .await?;
+    c.batch_execute("SELECT dedup.lease('mail-1')").await?;
+    // A fingerprint mismatch, counted though it raises an error.
+    a.batch_execute("SELECT dedup.try_claim('order-1', 'default', 'sha-x')")
+        .await?;
+    expect_sqlstate(
+        b.batch_execute("SELECT dedup.try_claim('order-1', 'default', 'sha-y')")
+            .await,
+        "mismatch",
+    )?;
+    // A session that names its consumer.
+    let d = as_consumer(&cluster, "app", "shared-pool-name").await?;
+    d.batch_execute("SET dedup.consumer = 'billing-worker-7'; SELECT dedup.try_claim('d-1');")
+        .await?;
+
+    let got = counters(&observer, "app").await?;
+    let want: BTreeMap<String, (i64, i64, i64, i64)> = [
+        ("consumer-a", (112, 0, 0, 0)),
+        ("consumer-b", (0, 50, 1, 1)),
+        ("consumer-c", (0, 1, 10, 0)),
+        ("billing-worker-7", (1, 0, 0, 0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    ensure_eq(
+        got,
+        want,
+        "(claims, duplicates, busy, mismatches) per consumer",
+    )?;
+    let row = observer
+        .query_one(
+            "SELECT last_claim_at IS NOT NULL, last_duplicate_at IS NOT NULL FROM dedup.stats \
+             WHERE consumer = 'consumer-b'",
+            &[],
+        )
+        .await?;
+    ensure_eq(
+        (row.get::<_, bool>(0), row.get::<_, bool>(1)),
+        (false, true),
+        "consumer-b's timestamps",
+    )?;
+    Ok(())
+}
+
+pub async fn eviction_reset_and_privileges(_ctx: Ctx) -> Result<()> {
+    let cluster = Cluster::start(preloaded("stats-evict").set("dedup.stats_max", "100"))?;
+    cluster.create_db_with_extension("app")?;
+    let admin = as_consumer(&cluster, "app", "admin").await?;
+    // 150 scopes, one after the other: the 50 used least recently are evicted.
+    for i in 0..150 {
+        admin
+            .execute(
+                "SELECT dedup.try_claim('j', $1)",
+                &[&format!("scope-{i:03}")],
+            )
+            .await?;
+    }
+    let row = admin
+        .query_one(
+            "SELECT entries, max_entries, evictions FROM dedup.stats_info()",
+            &[],
+        )
+        .await?;
+    ensure_eq(
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+        ),
+        (100, 100, 50),
+        "entries, bound, evictions",
+    )?;
+    let oldest: String = admin
+        .query_one("SELECT min(scope) FROM dedup.stats", &[])
+        .await?
+        .get(0);
+    ensure_eq(oldest.as_str(), "scope-050", "oldest scope still counted")?;
+
+    // Monitoring roles read; nobody else does, and only superusers reset.
+    admin
+        .batch_execute(
+            "CREATE ROLE watcher LOGIN; CREATE ROLE nobody LOGIN; GRANT pg_monitor TO watcher;",
+        )
+        .await?;
+    let nobody = connect(&format!("{} user=nobody", cluster.dsn("app"))).await?;
+    for sql in [
+        "SELECT * FROM dedup.stats",
+        "SELECT * FROM dedup.stats_info()",
+        "SELECT dedup.stats_reset()",
+    ] {
+        ensure_eq(
+            expect_sqlstate(nobody.batch_execute(sql).await, sql)?.as_str(),
+            "42501",
+            sql,
+        )?;
+    }
+    let watcher = connect(&format!("{} user=watcher", cluster.dsn("app"))).await?;
+    let n: i64 = watcher
+        .query_one("SELECT count(*) FROM dedup.stats", &[])
+        .await?
+        .get(0);
+    ensure_eq(n, 100, "rows a pg_monitor member sees")?;
+    ensure_eq(
+        expect_sqlstate(
+            watcher.batch_execute("SELECT dedup.stats_reset()").await,
+            "reset",
+        )?
+        .as_str(),
+        "42501",
+        "reset by a pg_monitor member",
+    )?;
+    admin.batch_execute("SELECT dedup.stats_reset()").await?;
+    let row = admin
+        .query_one("SELECT entries, evictions FROM dedup.stats_info()", &[])
+        .await?;
+    ensure_eq(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (0, 0),
+        "after reset",
+    )?;
+    Ok(())
+}
+
+pub async fn counters_survive_a_clean_restart(_ctx: Ctx) -> Result<()> {
+    let mut cluster = Cluster::start(preloaded("stats-restart"))?;
+    cluster.create_db_with_extension("app")?;
+    let a = as_consumer(&cluster, "app", "consumer-a").await?;
+    a.batch_execute("SELECT dedup.try_claim(g) FROM generate_series(1, 30) g; SELECT dedup.try_claim(g) FROM generate_series(1, 12) g;")
+        .await?;
+    let before = counters(&a, "app").await?;
+    ensure_eq(
+        before.get("consumer-a").copied(),
+        Some((30, 12, 0, 0)),
+        "before the restart",
+    )?;
+    drop(a);
+    cluster.stop("fast")?;
+    cluster.start_again()?;
+    let a = connect_when_up(&cluster.dsn("app")).await?;
+    ensure_eq(
+        counters(&a, "app").await?,
+        before,
+        "after pg_ctl stop -m fast and start",
+    )?;
+    // A crash (a backend killed: the postmaster reinitializes shared memory) loses the
+    // counters; they start again from zero.
+    // SAFETY: kill(2) on a backend's process id.
+    if unsafe { libc::kill(a.pid, libc::SIGKILL) } != 0 {
+        bail!("kill -9: {}", std::io::Error::last_os_error());
+    }
+    drop(a);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let a = connect_when_up(&cluster.dsn("app")).await?;
+    ensure_eq(counters(&a, "app").await?.len(), 0, "entries after a crash")?;
+    Ok(())
+}
+
+pub async fn without_preloading_stats_says_so(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute("SET dedup.warn_outside_transaction = off; SELECT dedup.try_claim('x');")
+        .await?;
+    let rows = c.query("SELECT * FROM dedup.stats", &[]).await?;
+    ensure_eq(rows.len(), 0, "rows without preloading")?;
+    let warned = c.take_notices().iter().any(|n| {
+        n.severity() == "WARNING" && n.message().contains("need shared_preload_libraries")
+    });
+    if !warned {
+        bail!("no WARNING that counters need preloading");
+    }
+    let counting: bool = c
+        .query_one("SELECT counting FROM dedup.stats_info()", &[])
+        .await?
+        .get(0);
+    ensure_eq(counting, false, "stats_info().counting without preloading")
+}
+
+pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
+    let file = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../monitoring/postgres_exporter_queries.yml");
+    let text = std::fs::read_to_string(&file)?;
+    let Some(query) = text.lines().find_map(|l| {
+        l.trim()
+            .strip_prefix("query: \"")
+            .and_then(|q| q.strip_suffix('"'))
+    }) else {
+        bail!("no query in {}", file.display());
+    };
+    let cluster = Cluster::start(preloaded("stats-exporter"))?;
+    cluster.create_db_with_extension("app")?;
+    let c = as_consumer(&cluster, "app", "exporter-test").await?;
+    c.batch_execute("SELECT dedup.try_claim('a'); SELECT dedup.try_claim('a');")
+        .await?;
+    c.batch_execute("CREATE ROLE exporter LOGIN; GRANT pg_monitor TO exporter;")
+        .await?;
+    let exporter = connect(&format!("{} user=exporter", cluster.dsn("app"))).await?;
+    let rows = exporter.query(query, &[]).await?;
+    ensure_eq(rows.len(), 1, "rows the exporter reads")?;
+    let (claims, duplicates): (i64, i64) =
+        (rows[0].get("claims_total"), rows[0].get("duplicates_total"));
+    ensure_eq((claims, duplicates), (1, 1), "exported counters")?;
+    let alerts = std::fs::read_to_string(file.with_file_name("alerts.yml"))?;
+    for metric in [
+        "dedup_duplicates_total",
+        "dedup_busy_total",
+        "dedup_claims_total",
+    ] {
+        if !alerts.contains(metric) || !text.contains(metric.trim_start_matches("dedup_")) {
+            bail!("{metric} is not both exported and alerted on");
+        }
+    }
+    Ok(())
+}
