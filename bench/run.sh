@@ -28,6 +28,25 @@ if [ -z "${SKIP_MIXED:-}" ]; then
         bash "$here/mixed.sh" layout/l_chosen layout/l_scope_first layout/l_default_collation layout/l_brin layout/l_btree
 fi
 
+# Counters on and off (needs the server started with shared_preload_libraries = 'dedup'):
+# side by side in mixed runs, and alternated runs switching dedup.track_stats per database.
+if psql -At -c "SELECT counting FROM dedup.stats_info()" 2>/dev/null | grep -q t; then
+    TRUNCATE="effects, dedup.processed" \
+        bash "$here/mixed.sh" stats/c_not_counting stats/c_counting
+    echo "# counters: alternated runs, dedup.track_stats off/on per run" | tee -a "$OUT"
+    for round in $(seq "${ROUNDS:-3}"); do
+        for track in off on; do
+            psql -c "ALTER DATABASE $PGDATABASE SET dedup.track_stats = $track" \
+                 -c "TRUNCATE effects, dedup.processed" -c "CHECKPOINT"
+            tps=$(PGOPTIONS="-c synchronous_commit=off" "$bindir/pgbench" -n -M prepared \
+                    -c "${CLIENTS:-8}" -j "${THREADS:-2}" -T "${SECONDS_PER_RUN:-15}" -f "$here/c_try_claim_bigint.sql" 2>&1 \
+                  | awk '/^tps = / {print $3}')
+            echo "sync=off round=$round stats_$track tps=$tps" | tee -a "$OUT"
+        done
+    done
+    psql -c "ALTER DATABASE $PGDATABASE RESET dedup.track_stats"
+fi
+
 # Bytes per claim after 1,000,000 claims, as inserted and after REINDEX (which packs the
 # btree leaves: what remains is the entries themselves, not the free space of page splits).
 echo "# bytes per claim after 1,000,000 claims (heap, primary key, total with FSM/VM)" | tee -a "$OUT"

@@ -40,3 +40,8 @@ for run, sync in sorted({(r, s) for r, s, _ in lat}, key=lambda k: (k[0], k[1] !
     print("| variant | per round | median |\n|---|---|---|")
     for v, rs in ratios.items():
         print(f"| {v} | {', '.join(f'{r:.3f}' for r in rs)} | {statistics.median(rs):.3f}x |")
+
+on, off = tps.get(("off", "stats_on")), tps.get(("off", "stats_off"))
+if on and off:
+    print(f"\ncounters, alternated runs (synchronous_commit=off): on {statistics.median(on):.0f} tps, "
+          f"off {statistics.median(off):.0f} tps: {statistics.median(on) / statistics.median(off):.3f}x")
