@@ -494,8 +494,10 @@ async fn run_leases(ctx: &Ctx, example: &Example) -> Result<()> {
     // caller was killed, or the service refused, lost the answer, or (for an example
     // without a heartbeat, whose call times out before its lease expires) answered slowly.
     let killed_name = format!("-{killed_pid}");
+    let by_killed =
+        |call: &fake_service::Call| killed_at.is_some() && call.consumer.ends_with(&killed_name);
     let unanswered = |call: &fake_service::Call| {
-        (killed_at.is_some() && call.consumer.ends_with(&killed_name))
+        by_killed(call)
             || matches!(call.fault, Fault::Refused | Fault::AnswerLost)
             || (call.fault == Fault::Slow && !heartbeat)
     };
@@ -528,10 +530,7 @@ async fn run_leases(ctx: &Ctx, example: &Example) -> Result<()> {
                          was answered; its calls: {calls:?}"
                     );
                 }
-                if calls[first..i]
-                    .iter()
-                    .any(|c| c.consumer.ends_with(&killed_name))
-                {
+                if calls[first..i].iter().any(|c| by_killed(c)) {
                     repeats_after_kill += 1;
                 }
             }
