@@ -33,7 +33,8 @@ async function handle(pool, jobId) {
       if (rows[0].fresh) {
         await client.query('INSERT INTO receipts (job_id, consumer) VALUES ($1, $2)', [jobId, ME]);
       }
-      // External effects (an email, a payment) need the leased claim: not built yet.
+      // An effect outside the database (an email, a payment) cannot join this
+      // transaction: lease it instead (lease.js).
       await client.query('COMMIT');
       return rows[0].fresh;
     } catch (err) {

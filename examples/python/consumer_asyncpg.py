@@ -36,7 +36,7 @@ async def handle(pool: asyncpg.Pool, job_id: str) -> bool:
                     await conn.execute(
                         "INSERT INTO receipts (job_id, consumer) VALUES ($1, $2)", job_id, ME
                     )
-                # External effects (an email, a payment) need the leased claim: not built yet.
+                # An effect outside the database cannot join this transaction: lease_asyncpg.py
             return fresh
         except (asyncpg.SerializationError, asyncpg.DeadlockDetectedError):
             if attempt == MAX_ATTEMPTS:

@@ -37,7 +37,7 @@ def handle(conn: psycopg.Connection, job_id: str) -> bool:
                     conn.execute(
                         "INSERT INTO receipts (job_id, consumer) VALUES (%s, %s)", (job_id, ME)
                     )
-                # External effects (an email, a payment) need the leased claim: not built yet.
+                # An effect outside the database cannot join this transaction: lease_psycopg.py
             return fresh
         except (errors.SerializationFailure, errors.DeadlockDetected):
             if attempt == MAX_ATTEMPTS:

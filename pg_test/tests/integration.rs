@@ -26,6 +26,8 @@ mod dump_restore;
 mod errors;
 #[path = "integration/examples.rs"]
 mod examples;
+#[path = "integration/fake_service.rs"]
+mod fake_service;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -98,6 +100,10 @@ const TESTS: &[(&str, TestFn)] = tests![
     examples::python_asyncpg_consumer,
     examples::python_sqlalchemy_consumer,
     examples::node_pg_consumer,
+    examples::rust_tokio_postgres_lease_consumer,
+    examples::python_psycopg_lease_consumer,
+    examples::python_asyncpg_lease_consumer,
+    examples::node_pg_lease_consumer,
     isolation_specs::isolation_specs_pass,
 ];
 

@@ -45,7 +45,8 @@ async fn handle(client: &mut Client, job_id: &str, me: &str) -> Result<bool, Err
         )
         .await?;
     }
-    // External effects (an email, a payment) need the leased claim, which is not built yet.
+    // An effect outside the database (an email, a payment) cannot join this transaction:
+    // lease it instead (src/lease.rs).
     tx.commit().await?; // an error here, too, means: not committed, do not acknowledge
     Ok(fresh)
 }

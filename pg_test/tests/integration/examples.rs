@@ -2,15 +2,28 @@
 //! with a duplicated workload, and the README's snippets checked against them.
 //!
 //! Per example: load examples/schema.sql, send each job once, twice or 3 times (copies a few
-//! messages apart), inject faults into the effect's transactions (deadlock, serialization
-//! failure at COMMIT, plain errors before and at COMMIT, and a plain error on the first
-//! attempt of some jobs sent only once, so that acknowledging a message whose transaction
-//! failed loses a job), start 3 consumer processes, SIGKILL one of them mid-run, and wait
-//! for the others to drain the queue. Then every job's effect must be
-//! in `receipts` exactly once, every message acknowledged, and the survivors must have
-//! retried and left failed messages unacknowledged (redelivered and done later).
+//! messages apart), start 3 consumer processes, SIGKILL one of them mid-run, and wait for
+//! the others to drain the queue; every message must be acknowledged.
+//!
+//! The claim examples (`try_claim` in the effect's transaction): faults injected into the
+//! effect's transactions (deadlock, serialization failure at COMMIT, plain errors before
+//! and at COMMIT, and a plain error on the first attempt of some jobs sent only once, so
+//! that acknowledging a message whose transaction failed loses a job). Every job's effect
+//! must be in `receipts` exactly once, and the survivors must have retried and left failed
+//! messages unacknowledged (redelivered and done later).
+//!
+//! The lease examples (`dedup.lease`, an external call, `dedup.complete`): the external
+//! system is an HTTP service in the test process (`fake_service.rs`) that honours an
+//! idempotency key and injects faults (refusals, lost answers, slow answers, again on the
+//! first call of some jobs sent only once). Every job must be charged exactly once and be
+//! done in dedup with that charge as its result; and every repeated call for a charged job
+//! (a duplicate effect, had the call carried no key) must follow a call whose caller was
+//! killed or never got the answer: the lease never lets two survivors both make the call.
 use crate::common::{ensure_eq, Ctx};
-use anyhow::{bail, Context, Result};
+use crate::fake_service::{self, Fault, Service};
+use anyhow::{bail, ensure, Context, Result};
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -21,43 +34,88 @@ const JOBS: i64 = 120;
 /// Copies of job j: 1 if j is a multiple of 5, else 2 if j is even, else 3.
 const COPIES: &str = "CASE WHEN j % 5 = 0 THEN 1 WHEN j % 2 = 0 THEN 2 ELSE 3 END";
 const PROCESSES: usize = 3;
+/// The lease examples' lease, in seconds: twice the visibility timeout, so copies of a job
+/// that is being charged are delivered and told `busy`; shorter than a slow call
+/// (`fake_service::SLOW`), so only a heartbeat keeps it through one.
+const LEASE_S: &str = "2";
 
 /// How to start one example.
 struct Example {
     name: &'static str,
     /// The program and its arguments, relative to the repository root.
     command: &'static [&'static str],
+    kind: Kind,
+}
+
+#[derive(PartialEq)]
+enum Kind {
+    /// `try_claim` in the transaction of a write to `receipts`.
+    Claim,
+    /// `lease`, an HTTP call to the service, `complete`. `heartbeat`: the example extends
+    /// the lease while the call runs (else its call times out before the lease expires).
+    Lease { heartbeat: bool },
 }
 
 const RUST: Example = Example {
     name: "rust tokio-postgres",
-    command: &["<rust>"],
+    command: &[RUST_BIN, "dedup-example-consumer"],
+    kind: Kind::Claim,
 };
 const PSYCOPG: Example = Example {
     name: "python psycopg",
     command: &[PYTHON, "examples/python/consumer_psycopg.py"],
+    kind: Kind::Claim,
 };
 const ASYNCPG: Example = Example {
     name: "python asyncpg",
     command: &[PYTHON, "examples/python/consumer_asyncpg.py"],
+    kind: Kind::Claim,
 };
 const SQLALCHEMY: Example = Example {
     name: "python sqlalchemy",
     command: &[PYTHON, "examples/python/consumer_sqlalchemy.py"],
+    kind: Kind::Claim,
 };
 const NODE: Example = Example {
     name: "node pg",
     command: &["node", "examples/node/consumer.js"],
+    kind: Kind::Claim,
+};
+const RUST_LEASE: Example = Example {
+    name: "rust tokio-postgres lease",
+    command: &[RUST_BIN, "dedup-example-lease"],
+    kind: Kind::Lease { heartbeat: true },
+};
+const PSYCOPG_LEASE: Example = Example {
+    name: "python psycopg lease",
+    command: &[PYTHON, "examples/python/lease_psycopg.py"],
+    kind: Kind::Lease { heartbeat: false },
+};
+const ASYNCPG_LEASE: Example = Example {
+    name: "python asyncpg lease",
+    command: &[PYTHON, "examples/python/lease_asyncpg.py"],
+    kind: Kind::Lease { heartbeat: true },
+};
+const NODE_LEASE: Example = Example {
+    name: "node pg lease",
+    command: &["node", "examples/node/lease.js"],
+    kind: Kind::Lease { heartbeat: true },
 };
 const PYTHON: &str = "examples/python/.venv/bin/python";
+/// A binary of the workspace member `examples/rust`, named by the next argument.
+const RUST_BIN: &str = "<rust>";
 
 /// Every file whose `[readme:NAME]` regions the README may show: the files run above.
 const RUN_FILES: &[&str] = &[
     "examples/rust/src/main.rs",
+    "examples/rust/src/lease.rs",
     "examples/python/consumer_psycopg.py",
     "examples/python/consumer_asyncpg.py",
     "examples/python/consumer_sqlalchemy.py",
     "examples/node/consumer.js",
+    "examples/python/lease_psycopg.py",
+    "examples/python/lease_asyncpg.py",
+    "examples/node/lease.js",
 ];
 
 pub async fn rust_tokio_postgres_consumer(ctx: Ctx) -> Result<()> {
@@ -75,6 +133,18 @@ pub async fn python_sqlalchemy_consumer(ctx: Ctx) -> Result<()> {
 pub async fn node_pg_consumer(ctx: Ctx) -> Result<()> {
     run(&ctx, &NODE).await
 }
+pub async fn rust_tokio_postgres_lease_consumer(ctx: Ctx) -> Result<()> {
+    run_leases(&ctx, &RUST_LEASE).await
+}
+pub async fn python_psycopg_lease_consumer(ctx: Ctx) -> Result<()> {
+    run_leases(&ctx, &PSYCOPG_LEASE).await
+}
+pub async fn python_asyncpg_lease_consumer(ctx: Ctx) -> Result<()> {
+    run_leases(&ctx, &ASYNCPG_LEASE).await
+}
+pub async fn node_pg_lease_consumer(ctx: Ctx) -> Result<()> {
+    run_leases(&ctx, &NODE_LEASE).await
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,8 +153,8 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The Rust example's binary, built (or found up to date) by cargo.
-async fn rust_binary() -> Result<PathBuf> {
+/// A binary of the Rust examples, built (or found up to date) by cargo.
+async fn rust_binary(name: &str) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(&cargo)
         .args(["build", "--quiet", "-p", "dedup-example-consumer"])
@@ -102,14 +172,14 @@ async fn rust_binary() -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
-    Ok(target.join("debug/dedup-example-consumer"))
+    Ok(target.join("debug").join(name))
 }
 
 /// The example's command line, checking that setup.sh installed its dependencies.
 async fn command(example: &Example) -> Result<Vec<PathBuf>> {
     let root = root();
-    if example.command == ["<rust>"] {
-        return Ok(vec![rust_binary().await?]);
+    if let [RUST_BIN, name] = example.command {
+        return Ok(vec![rust_binary(name).await?]);
     }
     let needs: &Path = if example.command[0] == PYTHON {
         Path::new(PYTHON)
@@ -194,20 +264,21 @@ fn drain(
 
 struct Consumer {
     child: Child,
+    /// The process id: the examples name themselves `<client>-<pid>`.
+    pid: u32,
     stdout: tokio::task::JoinHandle<String>,
     stderr: tokio::task::JoinHandle<String>,
 }
 
-async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
-    let argv = command(example).await?;
+/// Load examples/schema.sql (and `extra` SQL) and send the duplicated workload: copy k of
+/// job j at position j + 4k, copies a few messages apart, so they are often in flight at
+/// the same time. Returns the number of messages.
+async fn prepare(c: &tokio_postgres::Client, extra: &str) -> Result<i64> {
     let schema = std::fs::read_to_string(root().join("examples/schema.sql"))?;
-    let c = ctx.connect().await?;
     c.batch_execute(&schema)
         .await
         .context("loading examples/schema.sql")?;
-    c.batch_execute(FAULTS).await?;
-    // Copy k of job j at position j + 4k: copies a few messages apart, so they are often in
-    // flight at the same time.
+    c.batch_execute(extra).await?;
     c.batch_execute(&format!(
         "DO $$ DECLARE r record; BEGIN
            FOR r IN SELECT j, k FROM generate_series(1, {JOBS}) j, generate_series(0, {COPIES} - 1) k
@@ -217,16 +288,18 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
          END $$"
     ))
     .await?;
-
-    let messages: i64 = c
-        .query_one("SELECT count(*) FROM queue.messages", &[])
+    Ok(c.query_one("SELECT count(*) FROM queue.messages", &[])
         .await?
-        .get(0);
+        .get(0))
+}
+
+/// Start `PROCESSES` consumers of `argv` with 3 workers each (where the example has a
+/// `WORKERS` setting), a visibility timeout of 1 s, exiting once the queue is empty.
+fn start(ctx: &Ctx, argv: &[PathBuf], env: &[(&str, &str)]) -> Result<Vec<Consumer>> {
     let url = format!(
         "postgresql://postgres@127.0.0.1:{}/{}",
         ctx.cluster.port, ctx.db
     );
-    let started = Instant::now();
     let mut consumers = Vec::new();
     for _ in 0..PROCESSES {
         let mut child = Command::new(&argv[0])
@@ -236,44 +309,59 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
             .env("WORKERS", "3")
             .env("VISIBILITY_TIMEOUT_S", "1")
             .env("EXIT_WHEN_EMPTY", "1")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {argv:?}"))?;
+        let pid = child.id().context("no pid")?;
         let stdout = drain(child.stdout.take().expect("piped"));
         let stderr = drain(child.stderr.take().expect("piped"));
         consumers.push(Consumer {
             child,
+            pid,
             stdout,
             stderr,
         });
     }
+    Ok(consumers)
+}
 
-    // Kill one consumer with SIGKILL once a quarter of the jobs are done: whatever it had
-    // received but not acknowledged must be delivered again and done by the others.
-    let mut killed_at = None;
+/// Kill the first consumer with SIGKILL once `done()` reaches a quarter of the jobs:
+/// whatever it had received but not acknowledged must be delivered again and done by the
+/// others. Returns `done()` at the kill, or `None` if the consumer had finished already.
+async fn kill_first_at_a_quarter<F, Fut>(consumers: &mut [Consumer], done: F) -> Result<Option<i64>>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<i64>>,
+{
+    let started = Instant::now();
     loop {
-        let done: i64 = c
-            .query_one("SELECT count(*) FROM receipts", &[])
-            .await?
-            .get(0);
+        let done = done().await?;
         if consumers[0].child.try_wait()?.is_some() {
-            break; // already finished: nothing to kill
+            return Ok(None); // already finished: nothing to kill
         }
         if done >= JOBS / 4 {
             consumers[0].child.start_kill()?;
-            killed_at = Some(done);
-            break;
+            return Ok(Some(done));
         }
         if started.elapsed() > Duration::from_secs(120) {
             bail!("fewer than {} jobs done after 120 s", JOBS / 4);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
 
-    let mut totals = [0u64; 4]; // done, skipped, retried, failed (survivors)
+/// Wait for every consumer; the survivors must exit successfully and print a summary line
+/// `<name> summary key=n ...`. Returns the survivors' summed counts and every log.
+async fn finish(
+    consumers: Vec<Consumer>,
+    killed: bool,
+    name: &str,
+) -> Result<(HashMap<String, u64>, String)> {
+    let mut totals = HashMap::new();
     let mut logs = String::new();
     for (i, mut consumer) in consumers.into_iter().enumerate() {
         let status =
@@ -281,7 +369,7 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
                 Ok(s) => s?,
                 Err(_) => {
                     consumer.child.start_kill()?;
-                    bail!("consumer {i} of {} still running after 120 s", example.name);
+                    bail!("consumer {i} of {name} still running after 120 s");
                 }
             };
         let (out, err) = (consumer.stdout.await?, consumer.stderr.await?);
@@ -289,25 +377,44 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
             "--- consumer {i}: {status}\n{out}{}\n",
             err.lines().take(20).collect::<Vec<_>>().join("\n")
         ));
-        if i == 0 && killed_at.is_some() {
+        if i == 0 && killed {
             continue;
         }
         if !status.success() {
-            bail!("consumer {i} of {} failed: {status}\n{logs}", example.name);
+            bail!("consumer {i} of {name} failed: {status}\n{logs}");
         }
         let Some(summary) = out.lines().find_map(|l| l.split_once(" summary ")) else {
             bail!("consumer {i} printed no summary\n{logs}");
         };
         for field in summary.1.split_whitespace() {
-            let (key, value) = field.split_once('=').unwrap_or((field, ""));
-            let slot = ["done", "skipped", "retried", "failed"]
-                .iter()
-                .position(|k| *k == key);
-            if let (Some(slot), Ok(n)) = (slot, value.parse::<u64>()) {
-                totals[slot] += n;
+            if let Some((key, Ok(n))) = field.split_once('=').map(|(k, v)| (k, v.parse::<u64>())) {
+                *totals.entry(key.to_string()).or_default() += n;
             }
         }
     }
+    Ok((totals, logs))
+}
+
+fn killed_text(killed_at: Option<i64>) -> String {
+    match killed_at {
+        Some(n) => format!("one killed after {n} jobs"),
+        None => "none killed (the first finished early)".into(),
+    }
+}
+
+async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
+    let argv = command(example).await?;
+    let c = ctx.connect().await?;
+    let messages = prepare(&c, FAULTS).await?;
+    let started = Instant::now();
+    let mut consumers = start(ctx, &argv, &[])?;
+    let receipts = || async {
+        Ok(c.query_one("SELECT count(*) FROM receipts", &[])
+            .await?
+            .get::<_, i64>(0))
+    };
+    let killed_at = kill_first_at_a_quarter(&mut consumers, receipts).await?;
+    let (totals, logs) = finish(consumers, killed_at.is_some(), example.name).await?;
     let elapsed = started.elapsed();
 
     let check = async {
@@ -335,7 +442,8 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
         if got[5] < 17 || got[6] < 23 {
             bail!("too few attempts to inject every fault: {got:?}");
         }
-        let [_, skipped, retried, failed] = totals;
+        let [skipped, retried, failed] =
+            ["skipped", "retried", "failed"].map(|k| totals.get(k).copied().unwrap_or(0));
         if skipped == 0 || retried == 0 || failed == 0 {
             bail!("the survivors skipped {skipped}, retried {retried}, failed {failed}: each should be > 0");
         }
@@ -344,19 +452,136 @@ async fn run(ctx: &Ctx, example: &Example) -> Result<()> {
     check
         .await
         .with_context(|| format!("{}:\n{logs}", example.name))?;
+    let count = |k: &str| totals.get(k).copied().unwrap_or(0);
     println!(
         "  {}: {PROCESSES} processes, {messages} messages for {JOBS} jobs in {:.1} s; {}; \
          survivors: done={} skipped={} retried={} failed={}",
         example.name,
         elapsed.as_secs_f64(),
-        match killed_at {
-            Some(n) => format!("one killed after {n} jobs"),
-            None => "none killed (the first finished early)".into(),
-        },
-        totals[0],
-        totals[1],
-        totals[2],
-        totals[3]
+        killed_text(killed_at),
+        count("done"),
+        count("skipped"),
+        count("retried"),
+        count("failed"),
+    );
+    Ok(())
+}
+
+/// A lease example against the fake service; see the module comment for what it checks.
+async fn run_leases(ctx: &Ctx, example: &Example) -> Result<()> {
+    let Kind::Lease { heartbeat } = example.kind else {
+        bail!("{} is not a lease example", example.name);
+    };
+    let argv = command(example).await?;
+    let service = Service::start().await?;
+    let c = ctx.connect().await?;
+    let messages = prepare(&c, "").await?;
+    let started = Instant::now();
+    let mut consumers = start(
+        ctx,
+        &argv,
+        &[("CHARGES_URL", &service.url), ("LEASE_S", LEASE_S)],
+    )?;
+    let killed_pid = consumers[0].pid;
+    let charged = || async { Ok(service.charged() as i64) };
+    let killed_at = kill_first_at_a_quarter(&mut consumers, charged).await?;
+    let (totals, logs) = finish(consumers, killed_at.is_some(), example.name).await?;
+    let elapsed = started.elapsed();
+    let calls = service.calls();
+    let charges = service.charges();
+
+    // A call that did not get its caller an answer it could complete the lease with: the
+    // caller was killed, or the service refused, lost the answer, or (for an example
+    // without a heartbeat, whose call times out before its lease expires) answered slowly.
+    let killed_name = format!("-{killed_pid}");
+    let by_killed =
+        |call: &fake_service::Call| killed_at.is_some() && call.consumer.ends_with(&killed_name);
+    let unanswered = |call: &fake_service::Call| {
+        by_killed(call)
+            || matches!(call.fault, Fault::Refused | Fault::AnswerLost)
+            || (call.fault == Fault::Slow && !heartbeat)
+    };
+    let mut repeats = 0; // calls after the charge: each a duplicate effect without the key
+    let mut repeats_after_kill = 0;
+    let check = async {
+        let mut by_key: HashMap<&str, Vec<&fake_service::Call>> = HashMap::new();
+        for call in &calls {
+            by_key.entry(&call.key).or_default().push(call);
+        }
+        for j in 1..=JOBS {
+            let key = format!("job-{j}");
+            let calls = by_key.get(key.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+            let Some(first) = calls.iter().position(|c| c.charged) else {
+                bail!("{key} was never charged; its calls: {calls:?}");
+            };
+            ensure_eq(
+                calls.iter().filter(|c| c.charged).count(),
+                1,
+                &format!("charges of {key}"),
+            )?;
+            // Every call after the charge repeats it, which is harmless only thanks to the
+            // key. It must follow calls that all went unanswered: a survivor that got the
+            // answer completes the lease, and no one else calls while it holds the lease.
+            for (i, call) in calls.iter().enumerate().skip(first + 1) {
+                repeats += 1;
+                if let Some(answered) = calls[first..i].iter().find(|c| !unanswered(c)) {
+                    bail!(
+                        "{key}: call {i} ({call:?}) repeats the charge after {answered:?} \
+                         was answered; its calls: {calls:?}"
+                    );
+                }
+                if calls[first..i].iter().any(|c| by_killed(c)) {
+                    repeats_after_kill += 1;
+                }
+            }
+        }
+        ensure_eq(charges.len() as i64, JOBS, "jobs charged")?;
+        let row = c
+            .query_one(
+                "SELECT queue.pending(), \
+                   (SELECT count(*) FROM dedup.processed WHERE lease_expires_at IS NOT NULL), \
+                   (SELECT count(*) FROM dedup.processed \
+                     WHERE scope = 'charges' AND lease_expires_at IS NULL), \
+                   (SELECT json_object_agg(job_id, result->>'charge')::text FROM dedup.processed)",
+                &[],
+            )
+            .await?;
+        ensure_eq(row.get::<_, i64>(0), 0, "messages never acknowledged")?;
+        ensure_eq(row.get::<_, i64>(1), 0, "leases not completed")?;
+        ensure_eq(row.get::<_, i64>(2), JOBS, "jobs done in scope 'charges'")?;
+        let results: HashMap<String, String> =
+            serde_json::from_str(&row.get::<_, String>(3)).context("results")?;
+        ensure_eq(&results, &charges, "results stored by complete, per job")?;
+        for fault in [Fault::Refused, Fault::AnswerLost, Fault::Slow] {
+            ensure!(
+                calls.iter().any(|c| c.fault == fault),
+                "no call was {fault:?}"
+            );
+        }
+        let [skipped, busy, failed] =
+            ["skipped", "busy", "failed"].map(|k| totals.get(k).copied().unwrap_or(0));
+        if skipped == 0 || busy == 0 || failed == 0 {
+            bail!("the survivors skipped {skipped}, were told busy {busy}, failed {failed}: each should be > 0");
+        }
+        Ok(())
+    };
+    check
+        .await
+        .with_context(|| format!("{}:\n{logs}", example.name))?;
+    let count = |k: &str| totals.get(k).copied().unwrap_or(0);
+    println!(
+        "  {}: {PROCESSES} processes, {messages} messages for {JOBS} jobs in {:.1} s; {}; \
+         {} calls, {JOBS} charges, {repeats} repeated calls absorbed by the key \
+         ({repeats_after_kill} after the killed consumer's); \
+         survivors: done={} skipped={} busy={} failed={}",
+        example.name,
+        elapsed.as_secs_f64(),
+        killed_text(killed_at),
+        calls.len(),
+        count("done"),
+        count("skipped"),
+        count("busy"),
+        count("failed"),
     );
     Ok(())
 }
