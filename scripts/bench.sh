@@ -12,8 +12,10 @@ commit=$(git log -1 --format=%h -- src sql Cargo.toml dedup.control)$(git diff -
 mkdir -p bench/results
 out="bench/results/$commit.txt"
 step "pgbench (results in $out)"
+# Preloaded (the counters of dedup.stats count; the worker does not prune: interval 0).
 target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
-    --conf checkpoint_timeout=30min --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
+    --conf checkpoint_timeout=30min --conf shared_preload_libraries=dedup --conf dedup.prune_interval=0 \
+    --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
 step "instructions per transaction (callgrind)"
 bash bench/callgrind.sh | sed 's/^/callgrind /' | tee -a "$out"
 python3 bench/summarize.py "$out"
