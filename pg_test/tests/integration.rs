@@ -24,6 +24,8 @@ mod docs;
 mod dump_restore;
 #[path = "integration/errors.rs"]
 mod errors;
+#[path = "integration/experiment.rs"]
+mod experiment;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -67,6 +69,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     upgrade::upgrade_from_oldest_version_keeps_claims,
     docs::readme_documents_every_function_and_setting,
     isolation_specs::isolation_specs_pass,
+    experiment::copies_are_published_gap_messages_apart,
+    experiment::short_matrix_shows_the_guides_pattern,
 ];
 
 fn main() -> ExitCode {
