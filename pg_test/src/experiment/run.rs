@@ -162,16 +162,21 @@ impl Experiment {
     pub async fn run_matrix(&self, mut each: impl FnMut(&RunResult)) -> Result<Vec<RunResult>> {
         self.prepare_database().await?;
         let mut results = Vec::new();
-        for strategy in self.config.strategies()? {
+        let strategies = self.config.strategies()?;
+        let total = strategies.len() * self.config.crash_modes.len() * self.config.runs as usize;
+        for strategy in strategies {
             for &crash in &self.config.crash_modes {
                 for run in 1..=self.config.runs {
-                    let r = self.run_once(strategy, crash, run).await.with_context(|| {
-                        format!(
-                            "{} {} run {run}",
-                            strategy.key,
-                            if crash { "crash" } else { "no crash" }
-                        )
-                    })?;
+                    let name = format!(
+                        "{} {} run {run}",
+                        strategy.key,
+                        if crash { "crash" } else { "no crash" }
+                    );
+                    let label = format!("{}/{total} {name}", results.len() + 1);
+                    let r = self
+                        .run_once(strategy, crash, run, &label)
+                        .await
+                        .context(name)?;
                     each(&r);
                     results.push(r);
                 }
@@ -188,12 +193,13 @@ impl Experiment {
             .await?)
     }
 
-    /// One run of `strategy`.
+    /// One run of `strategy`; `label` names it in the progress line.
     pub async fn run_once(
         &self,
         strategy: &'static Strategy,
         crash: bool,
         run: u32,
+        label: &str,
     ) -> Result<RunResult> {
         let cfg = &self.config;
         let mut r = self.redis().await?;
@@ -242,11 +248,6 @@ impl Experiment {
 
         let mut progress = Progress::new();
         let mut kill = None;
-        let label = format!(
-            "{} {} run {run}",
-            strategy.key,
-            if crash { "crash" } else { "no crash" }
-        );
         let (drained, acked, pending) = loop {
             let info: StreamInfoGroupsReply = redis::cmd("XINFO")
                 .arg(&["GROUPS", STREAM])
