@@ -280,6 +280,7 @@ impl Experiment {
                 }
                 victim.killed = true;
                 let _ = victim.child.wait().await;
+                children::unregister(victim.pid);
                 let consumers: Vec<StreamInfoConsumer> = redis::cmd("XINFO")
                     .arg(&["CONSUMERS", STREAM, GROUP])
                     .query_async::<StreamInfoConsumersReply>(&mut r)

@@ -1,7 +1,8 @@
 //! The guide's experiment, short: every strategy once without and once with a crash, with
 //! fewer jobs and an earlier crash than the full run, against the test's database and a
 //! throwaway redis-server. Real consumer processes (the `experiment` binary), a real
-//! SIGKILL. Asserts the pattern that must always hold; the numbers are printed.
+//! SIGKILL. Asserts the pattern that must always hold (SET NX losing jobs in a crash is
+//! probable, not certain: up to three crash runs); the numbers are printed.
 use crate::common::{ensure_eq, Ctx};
 use anyhow::{bail, Result};
 use dedup_pg_test::experiment::redis_server::RedisServer;
@@ -41,7 +42,6 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
         .run_matrix(|r| println!("  {}", report::run_summary(r).replace('\n', "\n  ")))
         .await?;
     println!("\n{}", report::table(&runs, &config));
-    drop(redis);
 
     let mut failures = Vec::new();
     let mut check = |ok: bool, what: String| {
@@ -79,10 +79,22 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
             );
         }
     }
-    let set_nx = one(&runs, "set-nx", true)?;
+    // A crash loses the jobs the killed consumer had claimed and not done: usually 10 to 20,
+    // but a kill that finds its handlers between jobs loses fewer (4 seen). Up to two more
+    // crash runs before calling it a failure.
+    let mut lost: Vec<u64> = vec![one(&runs, "set-nx", true)?.missing];
+    let set_nx = dedup_pg_test::experiment::strategy::by_key("set-nx").unwrap();
+    while lost.iter().all(|&m| m == 0) && lost.len() < 3 {
+        let r = exp
+            .run_once(set_nx, true, lost.len() as u32 + 1, "set-nx crash, again")
+            .await?;
+        println!("  {}", report::run_summary(&r).replace('\n', "\n  "));
+        check(r.crashed(), "set-nx: a crash run had no crash".to_string());
+        lost.push(r.missing);
+    }
     check(
-        set_nx.missing > 0,
-        "set-nx with a crash lost no job: the killed consumer held no claim".to_string(),
+        lost.iter().any(|&m| m > 0),
+        format!("set-nx with a crash lost no job in {} runs", lost.len()),
     );
     if !failures.is_empty() {
         bail!("{}", failures.join("\n"));
