@@ -8,6 +8,7 @@ use dedup_pg_test::experiment::report::{self, Report};
 use dedup_pg_test::experiment::run::Experiment;
 use dedup_pg_test::experiment::strategy::STRATEGIES;
 use dedup_pg_test::experiment::{parse_cli, Cli};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,11 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result = if args.first().map(String::as_str) == Some("consumer") {
         ConsumerArgs::parse(&args[1..]).and_then(|a| runtime.block_on(consumer::main(a)))
+    } else if args.first().map(String::as_str) == Some("chart") {
+        match &args[1..] {
+            [json, svg] => report::chart_from_json(Path::new(json), Path::new(svg)),
+            _ => Err(anyhow::anyhow!("usage: experiment chart RUNS.json OUT.svg")),
+        }
     } else {
         match parse_cli(&args) {
             Ok(cli) if cli.list => {
@@ -113,14 +119,7 @@ async fn orchestrate(cli: Cli) -> Result<()> {
     report::write_chart(
         &cli.out.join("chart.svg"),
         &report.runs,
-        &format!(
-            "{} jobs x {} copies, {} consumers x {} handlers, {} run(s) each; commit {commit}",
-            report::thousands(cfg.jobs as u64),
-            cfg.copies,
-            cfg.consumers,
-            cfg.concurrency,
-            cfg.runs
-        ),
+        &report::caption(&cfg, &commit),
     )?;
     println!(
         "Wrote {0}/runs.json, {0}/table.md and {0}/chart.svg (commit {commit}).",

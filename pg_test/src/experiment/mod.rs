@@ -116,6 +116,8 @@ Options (defaults are the guide's setup):
   --crash no|yes|both   runs without a crash, with one, or both        [both]
   --out DIR             where runs.json, table.md and chart.svg go     [target/experiment]
   --list                list the strategies and exit
+
+experiment chart RUNS.json OUT.svg    draw the chart again from a runs.json
 ";
 
 /// Command-line options of the `experiment` binary: the [`Config`] and the output folder.

@@ -233,6 +233,42 @@ pub fn write_json(path: &Path, report: &Report) -> Result<()> {
     Ok(())
 }
 
+/// The chart's caption: the setup and the commit.
+pub fn caption(cfg: &Config, commit: &str) -> String {
+    format!(
+        "{} jobs x {} copies, {} consumers x {} handlers, {} ms work, {} run(s) each; commit {commit}",
+        thousands(cfg.jobs as u64),
+        cfg.copies,
+        cfg.consumers,
+        cfg.concurrency,
+        cfg.work.as_millis(),
+        cfg.runs
+    )
+}
+
+/// `experiment chart RUNS.json OUT.svg`: draw the chart again from a `runs.json`.
+pub fn chart_from_json(json: &Path, svg: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(json)?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let runs: Vec<RunResult> = serde_json::from_value(v["runs"].clone())?;
+    let c = &v["config"];
+    let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    let cfg = Config {
+        jobs: n("jobs") as u32,
+        copies: n("copies") as u32,
+        consumers: n("consumers") as u32,
+        concurrency: n("concurrency") as u32,
+        work: std::time::Duration::from_millis(n("work")),
+        runs: n("runs") as u32,
+        ..Config::default()
+    };
+    write_chart(
+        svg,
+        &runs,
+        &caption(&cfg, v["commit"].as_str().unwrap_or("unknown")),
+    )
+}
+
 /// The chart: three panels of horizontal bars (duplicates without a crash, duplicates
 /// after a crash, missing after a crash), one bar per strategy at the mean over the runs,
 /// labelled with the range.
@@ -297,7 +333,7 @@ pub fn write_chart(path: &Path, runs: &[RunResult], caption: &str) -> Result<()>
         chart
             .configure_mesh()
             .disable_y_mesh()
-            .max_light_lines(0)
+            .light_line_style(TRANSPARENT)
             .x_labels(4)
             .x_label_formatter(&|v| thousands(v.round() as u64))
             .y_labels(n)

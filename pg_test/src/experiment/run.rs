@@ -7,7 +7,7 @@ use crate::children;
 use anyhow::{bail, Context, Result};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamInfoConsumer, StreamInfoConsumersReply, StreamInfoGroupsReply};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 /// One consumer's part in a run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ConsumerReport {
     pub name: String,
     /// Killed with SIGKILL (its stats are the last it printed before).
@@ -26,7 +26,7 @@ pub struct ConsumerReport {
 }
 
 /// The SIGKILL of a crash run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Kill {
     pub consumer: String,
     /// Seconds after the first message was published.
@@ -39,7 +39,7 @@ pub struct Kill {
 }
 
 /// One run: the count and how it ended.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RunResult {
     pub strategy: String,
     pub crash: bool,

@@ -42,6 +42,12 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
         .run_matrix(|r| println!("  {}", report::run_summary(r).replace('\n', "\n  ")))
         .await?;
     println!("\n{}", report::table(&runs, &config));
+    let chart = std::env::temp_dir().join(format!("dedup-experiment-{}.svg", std::process::id()));
+    let drawn = report::write_chart(&chart, &runs, "short matrix");
+    let svg = std::fs::read_to_string(&chart).unwrap_or_default();
+    let _ = std::fs::remove_file(&chart);
+    drawn?;
+    ensure_eq(svg.starts_with("<svg"), true, "the chart is an SVG")?;
 
     let mut failures = Vec::new();
     let mut check = |ok: bool, what: String| {
