@@ -7,7 +7,7 @@ use dedup_pg_test::experiment::redis_server::RedisServer;
 use dedup_pg_test::experiment::report::{self, Report};
 use dedup_pg_test::experiment::run::Experiment;
 use dedup_pg_test::experiment::strategy::STRATEGIES;
-use dedup_pg_test::experiment::{parse_cli, Cli};
+use dedup_pg_test::experiment::{parse_cli, Cli, USAGE};
 use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -22,6 +22,9 @@ fn main() -> ExitCode {
             [json, svg] => report::chart_from_json(Path::new(json), Path::new(svg)),
             _ => Err(anyhow::anyhow!("usage: experiment chart RUNS.json OUT.svg")),
         }
+    } else if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        Ok(())
     } else {
         match parse_cli(&args) {
             Ok(cli) if cli.list => {
