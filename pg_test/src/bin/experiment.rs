@@ -8,7 +8,7 @@ use dedup_pg_test::experiment::report::{self, Report};
 use dedup_pg_test::experiment::run::Experiment;
 use dedup_pg_test::experiment::strategy::STRATEGIES;
 use dedup_pg_test::experiment::{parse_cli, Cli, USAGE};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -46,6 +46,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The installed extension library, `$(pg_config --pkglibdir)/dedup.so`.
+fn installed_library() -> PathBuf {
+    Command::new(dedup_pg_test::cluster::pg_config())
+        .arg("--pkglibdir")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|d| PathBuf::from(d.trim()).join("dedup.so"))
+        .unwrap_or_default()
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
 fn commit() -> String {
     Command::new("git")
         .args(["describe", "--always", "--dirty", "--abbrev=12"])
@@ -69,14 +84,24 @@ async fn orchestrate(cli: Cli) -> Result<()> {
         Ok(c)
     })
     .await??;
+    let library = installed_library();
+    let library_before = modified(&library);
+    let extension_version: String = dedup_pg_test::connect(&cluster.dsn("experiment"))
+        .await?
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
+            &[],
+        )
+        .await?
+        .get(0);
     let redis = RedisServer::start().await?;
     println!(
         "The guide's experiment: {} jobs, each published {} times {} messages apart, into a \
          Redis stream;\n{} consumer processes of {} handlers each; survivors reclaim messages \
          idle for {} ms\nwith XAUTOCLAIM; in crash runs one consumer gets SIGKILL {} ms in. \
          Every execution of the\neffect is a row in PostgreSQL's `effects` table.\n\
-         Throwaway servers: PostgreSQL 15 with dedup on 127.0.0.1:{}, redis-server on \
-         127.0.0.1:{}.\n",
+         Throwaway servers: PostgreSQL 15 with dedup {extension_version} on 127.0.0.1:{}, \
+         redis-server on 127.0.0.1:{}.\n",
         report::thousands(cfg.jobs as u64),
         cfg.copies,
         cfg.gap,
@@ -103,6 +128,13 @@ async fn orchestrate(cli: Cli) -> Result<()> {
     drop(redis);
     drop(cluster);
     let runs = runs?;
+    let library_replaced = modified(&library) != library_before;
+    if library_replaced {
+        eprintln!(
+            "warning: {} was replaced while the runs went on (the extension was reinstalled)",
+            library.display()
+        );
+    }
     println!("Everything it started is stopped.\n");
 
     let commit = commit();
@@ -114,6 +146,8 @@ async fn orchestrate(cli: Cli) -> Result<()> {
         cpus: std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0),
+        extension_version: extension_version.clone(),
+        library_replaced,
         config: cfg.clone(),
         runs,
     };
@@ -122,11 +156,17 @@ async fn orchestrate(cli: Cli) -> Result<()> {
     report::write_chart(
         &cli.out.join("chart.svg"),
         &report.runs,
-        &report::caption(&cfg, &commit),
+        &report::caption(&cfg, &commit, &extension_version),
     )?;
     println!(
-        "Wrote {0}/runs.json, {0}/table.md and {0}/chart.svg (commit {commit}).",
-        cli.out.display()
+        "Wrote {0}/runs.json, {0}/table.md and {0}/chart.svg (commit {commit}, dedup \
+         {extension_version}{1}).",
+        cli.out.display(),
+        if library_replaced {
+            ", reinstalled during the runs"
+        } else {
+            ""
+        }
     );
     let undrained = report.runs.iter().filter(|r| !r.drained).count();
     let uncrashed = report

@@ -18,6 +18,11 @@ pub struct Report {
     /// Unix time the matrix started.
     pub started_unix: u64,
     pub cpus: usize,
+    /// `extversion` of the dedup extension the runs used (the one installed on the machine).
+    pub extension_version: String,
+    /// Whether the installed `dedup.so` was replaced while the runs went on (a reinstall;
+    /// backends started after it load the new library).
+    pub library_replaced: bool,
     pub config: Config,
     pub runs: Vec<RunResult>,
 }
@@ -233,10 +238,11 @@ pub fn write_json(path: &Path, report: &Report) -> Result<()> {
     Ok(())
 }
 
-/// The chart's caption: the setup and the commit.
-pub fn caption(cfg: &Config, commit: &str) -> String {
+/// The chart's caption: the setup, the commit and the extension's version.
+pub fn caption(cfg: &Config, commit: &str, version: &str) -> String {
     format!(
-        "{} jobs x {} copies, {} consumers x {} handlers, {} ms work, {} run(s) each; commit {commit}",
+        "{} jobs x {} copies, {} consumers x {} handlers, {} ms work, {} run(s) each; \
+         commit {commit}, dedup {version}",
         thousands(cfg.jobs as u64),
         cfg.copies,
         cfg.consumers,
@@ -265,7 +271,11 @@ pub fn chart_from_json(json: &Path, svg: &Path) -> Result<()> {
     write_chart(
         svg,
         &runs,
-        &caption(&cfg, v["commit"].as_str().unwrap_or("unknown")),
+        &caption(
+            &cfg,
+            v["commit"].as_str().unwrap_or("unknown"),
+            v["extension_version"].as_str().unwrap_or("?"),
+        ),
     )
 }
 
