@@ -1,8 +1,11 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo test bench setup
+.PHONY: demo demo-sessions test bench setup
 
-demo:  ## build and install the extension, run the demonstration in a throwaway server
-	bash scripts/demo.sh
+demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
+	bash scripts/demo.sh $(ARGS)
+
+demo-sessions:  ## build and install the extension, show two sessions racing for one job
+	bash scripts/demo.sh sessions
 
 test:  ## set up everything and pass every test
 	bash scripts/test.sh

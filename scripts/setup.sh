@@ -4,7 +4,9 @@
 # Installs what building and testing dedup needs on Debian 12 and does nothing
 # that is already done, so a re-run on a ready machine takes seconds:
 #   - Debian packages: PostgreSQL 15 server and headers, libclang/clang (bindgen),
-#     sudo (cargo pgrx test --runas uses it); extra packages via DEDUP_EXTRA_PKGS
+#     sudo (cargo pgrx test --runas uses it), redis-server (the experiment starts a
+#     throwaway one; the package's own service is never started); extra packages via
+#     DEDUP_EXTRA_PKGS
 #   - cargo-pgrx, exactly the version Cargo.toml pins
 #   - `cargo pgrx init` against Debian's PostgreSQL 15 (downloads nothing)
 set -euo pipefail
@@ -20,7 +22,7 @@ as_root() {
 }
 
 # --- Debian packages ---------------------------------------------------------
-pkgs=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib libclang-dev clang sudo)
+pkgs=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib libclang-dev clang sudo redis-server)
 # shellcheck disable=SC2206
 pkgs+=(${DEDUP_EXTRA_PKGS:-})
 missing=()
@@ -30,8 +32,22 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
-    # policy-rc.d-less containers: never let the package start a cluster of its own
+    # Never let a package start a service of its own (a PostgreSQL cluster on 5432, a
+    # Redis on 6379): where no policy-rc.d forbids it already, one does for the install.
+    policy=/usr/sbin/policy-rc.d
+    own_policy=
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# dedup setup.sh: no service starts during this install\nexit 101\n' |
+            as_root tee "$policy" >/dev/null
+        as_root chmod 755 "$policy"
+        own_policy=1
+        trap 'as_root rm -f "$policy"' EXIT
+    fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [ -n "$own_policy" ]; then
+        as_root rm -f "$policy"
+        trap - EXIT
+    fi
 else
     log "Debian packages present"
 fi

@@ -72,10 +72,12 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Stop every cluster still running on Ctrl-C or SIGTERM, then exit.
+/// Stop every cluster still running on Ctrl-C or SIGTERM, then exit; first kill the
+/// registered child processes ([`crate::children`]).
 pub fn stop_all_on_signal() {
     SIGNALS.call_once(|| {
         let _ = ctrlc::set_handler(|| {
+            crate::children::kill_all();
             eprintln!("interrupted: stopping throwaway PostgreSQL servers");
             let live = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
             for (bindir, data) in live {

@@ -1,6 +1,9 @@
 //! Helpers shared by dedup's integration tests, demo and benchmarks: throwaway clusters
-//! and tokio-postgres connections that keep the server's notices and warnings.
+//! and tokio-postgres connections that keep the server's notices and warnings; and the
+//! guide's Redis Streams experiment ([`experiment`]).
+pub mod children;
 pub mod cluster;
+pub mod experiment;
 
 use anyhow::{bail, Result};
 use futures_util::{stream, StreamExt};

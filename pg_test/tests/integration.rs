@@ -28,6 +28,8 @@ mod errors;
 mod examples;
 #[path = "integration/fake_service.rs"]
 mod fake_service;
+#[path = "integration/experiment.rs"]
+mod experiment;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -105,6 +107,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     examples::python_asyncpg_lease_consumer,
     examples::node_pg_lease_consumer,
     isolation_specs::isolation_specs_pass,
+    experiment::copies_are_published_gap_messages_apart,
+    experiment::short_matrix_shows_the_guides_pattern,
 ];
 
 fn main() -> ExitCode {
