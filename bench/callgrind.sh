@@ -11,7 +11,8 @@ set -euo pipefail
 bindir=${DEDUP_PG_BINDIR:-/usr/lib/postgresql/15/bin}
 N=${N:-3000}
 dir=$(mktemp -d /tmp/dedup-callgrind-XXXX)
-trap 'rm -rf "$dir"' EXIT
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
+echo "# work directory $dir" >&2
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
 python3 - "$dir" "$N" "${EXTRA_SETUP:-}" <<'PY'

@@ -25,7 +25,8 @@ for sync in ${SYNC_MODES:-off on}; do
     for round in $(seq "${ROUNDS:-5}"); do
         [ -n "${TRUNCATE:-}" ] && psql -c "TRUNCATE $TRUNCATE" -c "CHECKPOINT"
         report=$(PGOPTIONS="-c synchronous_commit=$sync" "$bindir/pgbench" -n -M prepared \
-            -c "${CLIENTS:-8}" -j "${THREADS:-2}" -T "${SECONDS_PER_RUN:-20}" "${files[@]}" 2>&1)
+            -c "${CLIENTS:-8}" -j "${THREADS:-2}" -T "${SECONDS_PER_RUN:-20}" "${files[@]}" 2>&1) \
+            || { echo "pgbench failed:" >&2; echo "$report" | grep -iv "^ -" >&2; exit 1; }
         # per script: "SQL script N: path" ... " - latency average = X ms"
         echo "$report" | awk -v sync="$sync" -v round="$round" '
             /^SQL script [0-9]+:/ { n = $NF; sub(".*/", "", n); sub("\\.sql$", "", n) }

@@ -92,7 +92,7 @@ pub(crate) fn check_scope(func: &str, scope: &str) {
 fn check_transaction() {
     check_writable(FUNC);
     unsafe {
-        if !pg_sys::IsTransactionBlock() && guc::WARN_OUTSIDE_TRANSACTION.get() {
+        if !unguarded::IsTransactionBlock() && guc::WARN_OUTSIDE_TRANSACTION.get() {
             error::warn_outside_transaction(FUNC);
         }
     }
@@ -107,7 +107,7 @@ pub(crate) fn check_writable(func: &str) {
         if pg_sys::XactReadOnly {
             error::read_only(func);
         }
-        if pg_sys::IsInParallelMode() {
+        if unguarded::IsInParallelMode() {
             error::parallel_mode(func);
         }
     }
@@ -211,13 +211,13 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     nulls.fill(true);
     values[0] = text_datum(scope);
     values[1] = text_datum(job_id);
-    values[2] = pg_sys::Datum::from(pg_sys::GetCurrentTransactionStartTimestamp());
+    values[2] = pg_sys::Datum::from(unguarded::GetCurrentTransactionStartTimestamp());
     nulls[..3].fill(false);
     if let Some(fp) = fingerprint {
         values[3] = text_datum(fp);
         nulls[3] = false;
     }
-    pg_sys::ExecStoreVirtualTuple(slot);
+    unguarded::ExecStoreVirtualTuple(slot);
     (*slot).tts_tableOid = (*rel).rd_id;
 
     // An empty arbiter list means "every unique index", as in ON CONFLICT DO NOTHING
@@ -242,8 +242,8 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
         let mut spec_conflict = false;
         let recheck = insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
         pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
-        pg_sys::SpeculativeInsertionLockRelease(xid);
-        pg_sys::list_free(recheck);
+        unguarded::SpeculativeInsertionLockRelease(xid);
+        unguarded::list_free(recheck);
         if !spec_conflict {
             break Outcome::Claimed;
         }
@@ -481,3 +481,28 @@ COMMENT ON FUNCTION dedup.try_claim(pg_catalog.uuid, pg_catalog.text) IS
     name = "try_claim_comments",
     requires = [try_claim_text, try_claim_bigint, try_claim_uuid]
 );
+
+/// PostgreSQL functions that cannot raise an error, called without pgrx's error guard (a
+/// sigsetjmp and a thread check per call, about 90 instructions, several times per claim).
+/// Only functions that never reach `ereport(ERROR)` belong here: a longjmp through Rust
+/// frames that pgrx did not guard would be undefined behaviour.
+mod unguarded {
+    use pgrx::pg_sys;
+    extern "C" {
+        /// Reads `CurrentTransactionState->parallelModeLevel`.
+        pub fn IsInParallelMode() -> bool;
+        /// Reads `CurrentTransactionState->blockState`.
+        pub fn IsTransactionBlock() -> bool;
+        /// Returns `xactStartTimestamp`.
+        pub fn GetCurrentTransactionStartTimestamp() -> pg_sys::TimestampTz;
+        /// Sets the slot's flags (assertions only).
+        pub fn ExecStoreVirtualTuple(
+            slot: *mut pg_sys::TupleTableSlot,
+        ) -> *mut pg_sys::TupleTableSlot;
+        /// pfree of a list we built (NIL is fine).
+        pub fn list_free(list: *mut pg_sys::List);
+        /// LockRelease of our own speculative-insertion lock: a WARNING at most, never an
+        /// ERROR.
+        pub fn SpeculativeInsertionLockRelease(xid: pg_sys::TransactionId);
+    }
+}

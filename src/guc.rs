@@ -155,14 +155,6 @@ fn define_stats_max() {
     );
 }
 
-/// The consumer name set for this session, if any.
-pub fn consumer() -> Option<String> {
-    CONSUMER
-        .get()
-        .and_then(|c| c.into_string().ok())
-        .filter(|c| !c.is_empty())
-}
-
 /// The worker's role, if one is set.
 pub fn prune_role() -> Option<String> {
     PRUNE_ROLE

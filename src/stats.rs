@@ -105,6 +105,7 @@ struct Entry {
     /// Timestamps (microseconds since 2000-01-01, as timestamptz); 0 = never.
     last_claim_at: AtomicU64,
     last_duplicate_at: AtomicU64,
+    /// The last fingerprint mismatch: with the two above, what eviction goes by.
     last_used_at: AtomicU64,
 }
 
@@ -219,17 +220,27 @@ struct Cached {
 }
 static mut LAST: Option<Cached> = None;
 
-fn consumer_name() -> String {
-    if let Some(c) = guc::consumer() {
-        return c;
+/// The consumer's name as the session has it: `dedup.consumer`, else `application_name`.
+/// Borrowed from the settings' own storage: counting allocates nothing.
+unsafe fn consumer_name<'a>() -> &'a str {
+    let own = *guc::CONSUMER.as_ptr();
+    let p = if !own.is_null() && *own != 0 {
+        own
+    } else {
+        pg_sys::application_name
+    };
+    if p.is_null() {
+        ""
+    } else {
+        std::ffi::CStr::from_ptr(p).to_str().unwrap_or("")
     }
-    unsafe {
-        let p = pg_sys::application_name;
-        if p.is_null() {
-            String::new()
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
+}
+
+/// Record `now` in `field` unless a later time is there already (a plain load and store:
+/// two claims at the same moment may leave the earlier of two nearly equal times).
+fn advance(field: &AtomicU64, now: u64) {
+    if field.load(Ordering::Relaxed) < now {
+        field.store(now, Ordering::Relaxed);
     }
 }
 
@@ -244,13 +255,13 @@ pub fn count(scope: &str, event: Event) {
         let last = &mut *std::ptr::addr_of_mut!(LAST);
         let entry = match last {
             Some(c)
-                if c.key.same(dbid, scope, &consumer)
+                if c.key.same(dbid, scope, consumer)
                     && (*c.entry).generation.load(Ordering::Acquire) == c.generation =>
             {
                 c.entry
             }
             _ => {
-                let key = Key::new(dbid, scope, &consumer);
+                let key = Key::new(dbid, scope, consumer);
                 let Some((entry, generation)) = find_or_add(&key) else {
                     return;
                 };
@@ -267,7 +278,7 @@ pub fn count(scope: &str, event: Event) {
         match event {
             Event::Claim => {
                 e.claims.fetch_add(1, Ordering::Relaxed);
-                e.last_claim_at.fetch_max(now, Ordering::Relaxed);
+                advance(&e.last_claim_at, now);
             }
             Event::Duplicate | Event::Busy => {
                 if event == Event::Duplicate {
@@ -275,14 +286,12 @@ pub fn count(scope: &str, event: Event) {
                 } else {
                     e.busy.fetch_add(1, Ordering::Relaxed);
                 }
-                e.last_duplicate_at.fetch_max(now, Ordering::Relaxed);
+                advance(&e.last_duplicate_at, now);
             }
             Event::FingerprintMismatch => {
                 e.mismatches.fetch_add(1, Ordering::Relaxed);
+                advance(&e.last_used_at, now);
             }
-        }
-        if e.last_used_at.load(Ordering::Relaxed) < now {
-            e.last_used_at.store(now, Ordering::Relaxed);
         }
     }
 }
@@ -382,9 +391,15 @@ unsafe fn remove(e: *mut Entry) {
 }
 
 unsafe fn evict_least_recently_used() {
-    let victim = entries()
-        .into_iter()
-        .min_by_key(|e| (**e).last_used_at.load(Ordering::Relaxed));
+    // Least recently used: by the latest of its three times.
+    let last_used = |e: &Entry| {
+        [&e.last_claim_at, &e.last_duplicate_at, &e.last_used_at]
+            .iter()
+            .map(|t| t.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+    };
+    let victim = entries().into_iter().min_by_key(|e| last_used(&**e));
     if let Some(e) = victim {
         remove(e);
         (*SHARED).evictions.fetch_add(1, Ordering::Relaxed);
@@ -573,7 +588,7 @@ unsafe fn read_file() {
         e.mismatches.store(v[3], Ordering::Relaxed);
         e.last_claim_at.store(v[4], Ordering::Relaxed);
         e.last_duplicate_at.store(v[5], Ordering::Relaxed);
-        e.last_used_at.store(v[4].max(v[5]), Ordering::Relaxed);
+        e.last_used_at.store(0, Ordering::Relaxed);
     }
 }
 

@@ -3,8 +3,7 @@
 //!
 //! A strategy is one entry of [`STRATEGIES`]: a key for the command line, a title for the
 //! table, the guide's numbers, and an async handler that gets one job id and returns what
-//! happened. Adding a strategy (the `dedup` lease, once the extension has leases) is one
-//! handler function plus one entry.
+//! happened. Adding a strategy is one handler function plus one entry.
 //!
 //! Every strategy runs the same side effect, [`effect`]: the handler's simulated work
 //! (`--work-ms`) and then one row in `effects`, the table the experiment counts.
@@ -49,6 +48,8 @@ pub struct Conns {
     insert_effect: Statement,
     insert_processed: Statement,
     try_claim: Statement,
+    lease: Statement,
+    complete: Statement,
 }
 
 impl Conns {
@@ -65,12 +66,23 @@ impl Conns {
         let try_claim = client
             .prepare("SELECT dedup.try_claim($1::bigint, $2::text)")
             .await?;
+        let lease = client
+            .prepare(
+                "SELECT status, lease_id FROM dedup.lease($1::bigint::text, $2::text, \
+                 pg_catalog.make_interval(secs => $3::float8 / 1000))",
+            )
+            .await?;
+        let complete = client
+            .prepare("SELECT dedup.complete($1::bigint::text, $2::uuid, NULL, $3::text)")
+            .await?;
         Ok(Conns {
             redis,
             client,
             insert_effect,
             insert_processed,
             try_claim,
+            lease,
+            complete,
         })
     }
 }
@@ -167,6 +179,18 @@ pub const STRATEGIES: &[Strategy] = &[
         title: "dedup.try_claim + effect in one transaction",
         guide: NOT_IN_GUIDE,
         handle: |env, c, job| Box::pin(try_claim_in_transaction(env, c, job)),
+    },
+    Strategy {
+        key: "dedup-lease",
+        title: "dedup.lease + dedup.complete",
+        guide: NOT_IN_GUIDE,
+        handle: |env, c, job| Box::pin(dedup_lease(env, c, job, Duration::ZERO)),
+    },
+    Strategy {
+        key: "dedup-lease-gap",
+        title: "dedup.lease + dedup.complete, widened gap",
+        guide: NOT_IN_GUIDE,
+        handle: |env, c, job| Box::pin(dedup_lease(env, c, job, env.marker_gap)),
     },
 ];
 
@@ -302,4 +326,31 @@ async fn try_claim_in_transaction(env: &Env, c: &Conns, job: i64) -> Result<Outc
         Ok(Outcome::Done)
     })
     .await
+}
+
+/// dedup's leased claim with a done marker (the guide's section 3, with PostgreSQL instead
+/// of Redis): `dedup.lease` in a transaction of its own, the effect outside any
+/// transaction (it stands for an external call), then `dedup.complete`. Busy: leave the
+/// message unacknowledged. A lease lost before `complete` (YD002) is an error: the message
+/// stays unacknowledged, and its redelivery finds the job done.
+async fn dedup_lease(env: &Env, c: &Conns, job: i64, gap: Duration) -> Result<Outcome> {
+    let row = c
+        .client
+        .query_one(&c.lease, &[&job, &env.scope, &(env.lease_ms as f64)])
+        .await?;
+    let status: String = row.get(0);
+    match status.as_str() {
+        "done" => return Ok(Outcome::Skipped),
+        "busy" => return Ok(Outcome::Busy),
+        _ => {}
+    }
+    let lease_id: uuid::Uuid = row.get(1);
+    effect(env, c, job).await?;
+    if !gap.is_zero() {
+        tokio::time::sleep(gap).await;
+    }
+    c.client
+        .execute(&c.complete, &[&job, &lease_id, &env.scope])
+        .await?;
+    Ok(Outcome::Done)
 }

@@ -85,6 +85,18 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
             );
         }
     }
+    // dedup's lease never loses a job, crash or not, and without a crash runs each job once;
+    // a crash between the effect and dedup.complete may repeat one (at-least-once).
+    for crash in [false, true] {
+        let r = one(&runs, "dedup-lease", crash)?;
+        check(
+            r.missing == 0 && r.pending == 0 && (crash || r.duplicates == 0),
+            format!(
+                "dedup-lease crash={crash}: {} duplicates, {} missing, {} pending",
+                r.duplicates, r.missing, r.pending
+            ),
+        );
+    }
     // A crash loses the jobs the killed consumer had claimed and not done: usually 10 to 20,
     // but a kill that finds its handlers between jobs loses fewer (4 seen). Up to two more
     // crash runs before calling it a failure.
