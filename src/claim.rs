@@ -399,48 +399,37 @@ unsafe fn text_datum(s: &str) -> pg_sys::Datum {
     ))
 }
 
-/// The OID of `dedup.processed`, looked up once per backend and forgotten whenever the
-/// relation cache invalidates that relation (DROP EXTENSION, ALTER, VACUUM statistics...).
-static mut PROCESSED_RELID: pg_sys::Oid = pg_sys::InvalidOid;
-
-/// Register the invalidation callback that keeps [`PROCESSED_RELID`] true.
-pub fn init() {
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(Some(forget_processed_relid), pg_sys::Datum::from(0))
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn forget_processed_relid(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let cached = std::ptr::addr_of_mut!(PROCESSED_RELID);
-    if relid == pg_sys::InvalidOid || relid == *cached {
-        *cached = pg_sys::InvalidOid;
-    }
-}
+/// The OIDs of the schema `dedup` and of `dedup.processed`, looked up once per backend.
+static mut PROCESSED: (pg_sys::Oid, pg_sys::Oid) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
 
 /// Open `dedup.processed` with RowExclusiveLock.
+///
+/// The cached OID is checked, not trusted: after the lock is taken, the relation must still
+/// exist and still be `processed` in the schema `dedup` (the extension may have been
+/// dropped and created again since). A TRUNCATE, VACUUM or ANALYZE of the table changes
+/// nothing here: the OID stays.
 pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
-    let cached = std::ptr::addr_of_mut!(PROCESSED_RELID);
+    let cached = std::ptr::addr_of_mut!(PROCESSED);
     for _ in 0..2 {
-        if *cached == pg_sys::InvalidOid {
-            *cached = lookup_processed_relid();
+        if (*cached).1 == pg_sys::InvalidOid {
+            *cached = lookup_processed();
         }
-        let relid = *cached;
-        // Taking the lock processes pending invalidations: if one concerned our table
-        // (dropped, or only its statistics changed), look it up again.
+        let (nsp, relid) = *cached;
         let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
-        if !rel.is_null() && *cached == relid {
-            return rel;
-        }
         if !rel.is_null() {
+            let form = (*rel).rd_rel;
+            let name = std::ffi::CStr::from_ptr((*form).relname.data.as_ptr());
+            if (*form).relnamespace == nsp && name.to_bytes() == b"processed" {
+                return rel;
+            }
             pg_sys::table_close(rel, pg_sys::RowExclusiveLock as _);
         }
-        *cached = pg_sys::InvalidOid;
+        *cached = (pg_sys::InvalidOid, pg_sys::InvalidOid);
     }
     error::table_missing()
 }
 
-unsafe fn lookup_processed_relid() -> pg_sys::Oid {
+unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
     let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
     let relid = if nsp == pg_sys::InvalidOid {
         pg_sys::InvalidOid
@@ -450,7 +439,7 @@ unsafe fn lookup_processed_relid() -> pg_sys::Oid {
     if relid == pg_sys::InvalidOid {
         error::table_missing();
     }
-    relid
+    (nsp, relid)
 }
 
 /// The claim row is written column by column: refuse a table whose columns are not the

@@ -31,7 +31,6 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     guc::init();
-    claim::init();
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register_launcher();
         stats::request_shared_memory();

@@ -26,10 +26,10 @@ mod dump_restore;
 mod errors;
 #[path = "integration/examples.rs"]
 mod examples;
-#[path = "integration/fake_service.rs"]
-mod fake_service;
 #[path = "integration/experiment.rs"]
 mod experiment;
+#[path = "integration/fake_service.rs"]
+mod fake_service;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -78,6 +78,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     errors::standby_refuses_claims,
     lifecycle::extension_recreated_under_a_live_session,
     lifecycle::altered_table_is_refused,
+    lifecycle::claims_go_on_while_the_table_is_truncated_and_vacuumed,
     retention::prune_and_set_retention_are_for_privileged_roles,
     retention::a_retention_under_a_minute_warns,
     retention::claims_racing_a_prune_of_their_keys_have_one_winner,

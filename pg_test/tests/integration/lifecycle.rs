@@ -61,3 +61,46 @@ pub async fn altered_table_is_refused(ctx: Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+pub async fn claims_go_on_while_the_table_is_truncated_and_vacuumed(ctx: Ctx) -> Result<()> {
+    let claimer = ctx.connect().await?;
+    let maintainer = ctx.connect().await?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let maintenance = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut rounds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Each sends relation-cache invalidations for dedup.processed.
+                maintainer.batch_execute("TRUNCATE dedup.processed").await?;
+                maintainer
+                    .batch_execute("VACUUM ANALYZE dedup.processed")
+                    .await?;
+                rounds += 1;
+            }
+            anyhow::Ok(rounds)
+        }
+    });
+    let stmt = claimer
+        .prepare("SELECT dedup.try_claim($1::bigint)")
+        .await?;
+    let mut errors = Vec::new();
+    for job in 0..3000i64 {
+        claimer.batch_execute("BEGIN").await?;
+        if let Err(e) = claimer.query_one(&stmt, &[&job]).await {
+            errors.push(e.to_string());
+            claimer.batch_execute("ROLLBACK").await?;
+            continue;
+        }
+        claimer.batch_execute("COMMIT").await?;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = maintenance.await??;
+    println!("  3000 claims during {rounds} rounds of TRUNCATE and VACUUM ANALYZE");
+    ensure_eq(
+        errors.len(),
+        0,
+        &format!("claims that failed ({:?})", errors.first()),
+    )?;
+    ensure_eq(rounds > 10, true, "maintenance rounds while claiming")
+}
