@@ -63,7 +63,7 @@ t0=$(date +%s.%N); workload "$WINDOW" base; wait; t1=$(date +%s.%N)
 say "baseline (no prune): $(window base "$t0" "$t1")"
 
 # 2. the worker's batched prune, under the same workload
-workload $((WINDOW * 4)) worker
+workload 3600 worker
 sleep 2
 psql -c "ALTER SYSTEM SET dedup.prune_interval = '1s'" -c "SELECT pg_reload_conf()"
 until [ "$(psql -At -c "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND rows_deleted > 0")" = 1 ]; do sleep 0.5; done
@@ -77,7 +77,7 @@ size "after-vacuum"
 
 # 3. the guide's one-statement DELETE on the same data, under the same workload
 load
-workload $((WINDOW * 4)) delete
+workload 3600 delete
 sleep 2
 d0=$(date +%s.%N)
 psql -c "DELETE FROM dedup.processed WHERE processed_at < now() - interval '7 days'"

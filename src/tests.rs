@@ -48,6 +48,20 @@ mod tests {
         }
     }
 
+    /// Run `sql`, which must fail with SQLSTATE `state` and a message containing `words`;
+    /// returns the message and hint.
+    fn expect_error(sql: &str, state: &str, words: &str) -> (String, String) {
+        let Some((got_state, message, hint)) = error_of(sql) else {
+            panic!("{sql} did not fail");
+        };
+        assert_eq!(got_state, state, "{sql}: {message}");
+        assert!(
+            message.contains(words),
+            "{sql}: message {message:?} lacks {words:?}"
+        );
+        (message, hint)
+    }
+
     /// The five-character SQLSTATE of a packed error code.
     fn sqlstate(code: i32) -> String {
         (0..5)
@@ -218,14 +232,7 @@ mod tests {
     #[pg_test]
     fn bad_input_is_an_error_with_sqlstate_and_hint() {
         for (sql, state, words) in BAD_INPUT {
-            let Some((got_state, message, hint)) = error_of(sql) else {
-                panic!("{sql} did not fail");
-            };
-            assert_eq!(&got_state, state, "{sql}: {message}");
-            assert!(
-                message.contains(words),
-                "{sql}: message {message:?} lacks {words:?}"
-            );
+            let (message, hint) = expect_error(sql, state, words);
             assert!(
                 message.starts_with("dedup.try_claim"),
                 "{sql}: message {message:?}"
@@ -477,14 +484,7 @@ mod tests {
     #[pg_test]
     fn bad_retention_input_is_an_error_with_sqlstate() {
         for (sql, state, words) in BAD_RETENTION_INPUT {
-            let Some((got_state, message, _hint)) = error_of(sql) else {
-                panic!("{sql} did not fail");
-            };
-            assert_eq!(&got_state, state, "{sql}: {message}");
-            assert!(
-                message.contains(words),
-                "{sql}: message {message:?} lacks {words:?}"
-            );
+            expect_error(sql, state, words);
         }
         assert_eq!(count("SELECT count(*) FROM dedup.scope_retention"), 0);
     }
@@ -742,14 +742,7 @@ mod tests {
     #[pg_test]
     fn bad_lease_input_is_an_error_with_sqlstate() {
         for (sql, state, words) in BAD_LEASE_INPUT {
-            let Some((got_state, message, _hint)) = error_of(sql) else {
-                panic!("{sql} did not fail");
-            };
-            assert_eq!(&got_state, state, "{sql}: {message}");
-            assert!(
-                message.contains(words),
-                "{sql}: message {message:?} lacks {words:?}"
-            );
+            expect_error(sql, state, words);
         }
         assert_eq!(count("SELECT count(*) FROM dedup.processed"), 0);
     }
