@@ -45,7 +45,10 @@ lat = []
 for f in glob.glob(prefix + "*"):
     for line in open(f):
         p = line.split()
-        # client_id transaction_no latency_us script_no epoch_s epoch_us
+        # client_id transaction_no latency_us script_no epoch_s epoch_us; the last line of a
+        # log cut by the kill may be partial
+        if len(p) < 6:
+            continue
         end = int(p[4]) + int(p[5]) / 1e6
         if t0 <= end <= t1:
             lat.append(int(p[2]))
@@ -69,7 +72,7 @@ psql -c "ALTER SYSTEM SET dedup.prune_interval = '1s'" -c "SELECT pg_reload_conf
 until [ "$(psql -At -c "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND rows_deleted > 0")" = 1 ]; do sleep 0.5; done
 psql -c "ALTER SYSTEM SET dedup.prune_interval = 0" -c "SELECT pg_reload_conf()"
 read -r p0 p1 rows secs <<<"$(psql -At -F ' ' -c "SELECT extract(epoch FROM last_pass_at - duration), extract(epoch FROM last_pass_at), rows_deleted, extract(epoch FROM duration) FROM dedup.prune_status WHERE scope IS NULL")"
-pkill -f "pgbench.*$logs/worker" || true; wait || true
+sleep 2; pkill -f "pgbench.*$logs/worker" || true; wait || true
 say "worker prune: $rows rows in ${secs} s = $(python3 -c "print(round($rows / $secs))") rows/s; workload during it: $(window worker "$p0" "$p1")"
 size "after-prune"
 psql -c "VACUUM dedup.processed"
@@ -82,5 +85,5 @@ sleep 2
 d0=$(date +%s.%N)
 psql -c "DELETE FROM dedup.processed WHERE processed_at < now() - interval '7 days'"
 d1=$(date +%s.%N)
-pkill -f "pgbench.*$logs/delete" || true; wait || true
+sleep 2; pkill -f "pgbench.*$logs/delete" || true; wait || true
 say "one-statement DELETE: $EXPIRED rows in $(python3 -c "print(round($d1 - $d0, 2))") s = $(python3 -c "print(round($EXPIRED / ($d1 - $d0)))") rows/s; workload during it: $(window delete "$d0" "$d1")"
