@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The retention benchmark (README, "Retention"), inside a server started by
 # `with-server --conf shared_preload_libraries=dedup --conf dedup.prune_interval=0 --db bench`:
-#   load EXPIRED expired claims (default 10M) and LIVE live ones (1M); then
-#   1. a claim workload alone (pgbench, CLIENTS clients) for WINDOW seconds: the baseline;
-#   2. the worker's batched prune of all expired claims while the same workload runs;
-#   3. reload the same data; the guide's one-statement DELETE while the workload runs;
-#   and sizes before the prune, after it, and after VACUUM.
+#   for each pause between the worker's batches in DELAYS (dedup.prune_batch_delay, ms;
+#   default "0 20 50"): load EXPIRED expired claims (default 10M) and LIVE live ones (1M);
+#   run a claim workload alone (pgbench, CLIENTS clients) for WINDOW seconds, the baseline;
+#   then the worker's batched prune of all expired claims while the same workload runs;
+#   then the same data again, a baseline, and the guide's one-statement DELETE while the
+#   workload runs; and sizes before the prune, after it, and after VACUUM.
 # Per-transaction pgbench logs give throughput and the longest claim in each window.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -58,28 +59,39 @@ PY
 
 psql -c "CREATE TABLE IF NOT EXISTS effects (job_id bigint NOT NULL, payload text NOT NULL)"
 say "# prune benchmark: $EXPIRED expired + $LIVE live claims, $CLIENTS pgbench clients claiming alongside"
-load
-size "loaded"
 
-# 1. baseline
-t0=$(date +%s.%N); workload "$WINDOW" base; wait; t1=$(date +%s.%N)
-say "baseline (no prune): $(window base "$t0" "$t1")"
+# baseline: the claim workload alone for WINDOW seconds, right after a load
+baseline() {
+    local t0 t1
+    t0=$(date +%s.%N); workload "$WINDOW" "base$1"; wait; t1=$(date +%s.%N)
+    say "baseline (no prune): $(window "base$1" "$t0" "$t1")"
+}
 
-# 2. the worker's batched prune, under the same workload
-workload 3600 worker
-sleep 2
-psql -c "ALTER SYSTEM SET dedup.prune_interval = '1s'" -c "SELECT pg_reload_conf()"
-until [ "$(psql -At -c "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND rows_deleted > 0")" = 1 ]; do sleep 0.5; done
-psql -c "ALTER SYSTEM SET dedup.prune_interval = 0" -c "SELECT pg_reload_conf()"
-read -r p0 p1 rows secs <<<"$(psql -At -F ' ' -c "SELECT extract(epoch FROM last_pass_at - duration), extract(epoch FROM last_pass_at), rows_deleted, extract(epoch FROM duration) FROM dedup.prune_status WHERE scope IS NULL")"
-sleep 2; pkill -f "pgbench.*$logs/worker" || true; wait || true
-say "worker prune: $rows rows in ${secs} s = $(python3 -c "print(round($rows / $secs))") rows/s; workload during it: $(window worker "$p0" "$p1")"
+# 1, 2. for each pause between batches (dedup.prune_batch_delay, ms): a baseline, then the
+# worker's batched prune of the same data under the same workload
+for delay in ${DELAYS:-0 20 50}; do
+    load
+    size "loaded"
+    baseline "$delay"
+    psql -c "DELETE FROM dedup._prune_status" \
+         -c "ALTER SYSTEM SET dedup.prune_batch_delay = $delay" -c "SELECT pg_reload_conf()"
+    workload 3600 "worker$delay"
+    sleep 2
+    psql -c "ALTER SYSTEM SET dedup.prune_interval = '1s'" -c "SELECT pg_reload_conf()"
+    until [ "$(psql -At -c "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND rows_deleted > 0")" = 1 ]; do sleep 0.5; done
+    psql -c "ALTER SYSTEM SET dedup.prune_interval = 0" -c "SELECT pg_reload_conf()"
+    read -r p0 p1 rows secs <<<"$(psql -At -F ' ' -c "SELECT extract(epoch FROM last_pass_at - duration), extract(epoch FROM last_pass_at), rows_deleted, extract(epoch FROM duration) FROM dedup.prune_status WHERE scope IS NULL")"
+    sleep 2; pkill -f "pgbench.*$logs/worker$delay" || true; wait || true
+    say "worker prune, prune_batch_delay=${delay}ms: $rows rows in ${secs} s = $(python3 -c "print(round($rows / $secs))") rows/s; workload during it: $(window "worker$delay" "$p0" "$p1")"
+done
+psql -c "ALTER SYSTEM RESET dedup.prune_batch_delay" -c "SELECT pg_reload_conf()"
 size "after-prune"
 psql -c "VACUUM dedup.processed"
 size "after-vacuum"
 
 # 3. the guide's one-statement DELETE on the same data, under the same workload
 load
+baseline delete
 workload 3600 delete
 sleep 2
 d0=$(date +%s.%N)

@@ -17,6 +17,10 @@ pub static PRUNE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(600);
 /// `dedup.prune_batch_size`: claims deleted per batch (one transaction in the worker).
 pub static PRUNE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(5000);
 
+/// `dedup.prune_batch_delay`, milliseconds: the worker's pause after a batch that deleted
+/// claims, so a long prune leaves the claims that run beside it most of the machine.
+pub static PRUNE_BATCH_DELAY: GucSetting<i32> = GucSetting::<i32>::new(20);
+
 /// `dedup.lease_duration`, seconds: how long `dedup.lease` holds a job unless told otherwise.
 pub static LEASE_DURATION: GucSetting<i32> = GucSetting::<i32>::new(30);
 
@@ -98,6 +102,17 @@ pub fn init() {
         1_000_000,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"dedup.prune_batch_delay",
+        c"The background worker's pause after each batch that deleted claims.",
+        c"As autovacuum_vacuum_cost_delay does for VACUUM: a long prune then takes longer \
+          but leaves concurrent claims most of the CPU and WAL bandwidth. 0: no pause.",
+        &PRUNE_BATCH_DELAY,
+        0,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
         c"dedup.lease_duration",

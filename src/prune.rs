@@ -39,8 +39,12 @@ pub enum Transactions<'a> {
     /// All batches run in the caller's transaction (`dedup.prune()`).
     Caller,
     /// Each batch is a transaction of its own, started and committed here (the worker);
-    /// `stop` is asked between batches whether to stop early.
-    PerBatch { stop: &'a dyn Fn() -> bool },
+    /// `pause` is called after each batch that deleted claims, and `stop` is asked before
+    /// each batch whether to stop early.
+    PerBatch {
+        stop: &'a dyn Fn() -> bool,
+        pause: &'a dyn Fn(),
+    },
 }
 
 /// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch.
@@ -253,11 +257,16 @@ pub fn run_pass(
                 pg_sys::check_for_interrupts!();
                 batch(start, count, scope, limit, &mut pass)
             }
-            Transactions::PerBatch { stop } => {
+            Transactions::PerBatch { stop, pause } => {
                 if stop() {
                     break;
                 }
-                in_transaction(|| batch(start, count, scope, limit, &mut pass))?
+                let before = pass.deleted;
+                let full = in_transaction(|| batch(start, count, scope, limit, &mut pass))?;
+                if pass.deleted > before {
+                    pause();
+                }
+                full
             }
         };
         if !full {

@@ -246,7 +246,18 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         reload_config_if_asked();
         shutdown_requested()
     };
-    match prune::run_pass(None, None, &prune::Transactions::PerBatch { stop: &stop }) {
+    // Woken early by SIGTERM (its handler sets the latch); `stop` then sees it.
+    let pause = || {
+        let delay = guc::PRUNE_BATCH_DELAY.get();
+        if delay > 0 {
+            BackgroundWorker::wait_latch(Some(Duration::from_millis(delay as u64)));
+        }
+    };
+    let transactions = prune::Transactions::PerBatch {
+        stop: &stop,
+        pause: &pause,
+    };
+    match prune::run_pass(None, None, &transactions) {
         Ok(pass) => {
             let recorded = prune::in_transaction(|| prune::record_pass(None, &pass, "worker"));
             if pass.deleted > 0 {
