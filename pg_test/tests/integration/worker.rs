@@ -129,6 +129,37 @@ pub async fn worker_prunes_every_database_with_the_extension(_ctx: Ctx) -> Resul
         50,
         "claims younger than the reloaded retention",
     )?;
+    // A pause between batches by reload: 3,000 claims in batches of 1,000 take three
+    // batches, each followed by a pause of 300 ms.
+    admin
+        .batch_execute("ALTER SYSTEM SET dedup.prune_batch_delay = '300ms'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    a.batch_execute(
+        "INSERT INTO dedup.processed SELECT 'default', 'paused-' || g, now() - interval '8 days' FROM generate_series(1, 3000) g",
+    )
+    .await?;
+    eventually(20, "pruning with pauses", || async {
+        Ok(count(
+            &a,
+            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'paused-%'",
+        )
+        .await?
+            == 0)
+    })
+    .await?;
+    let row = a
+        .query_one(
+            "SELECT rows_deleted, extract(epoch FROM duration)::float8 FROM dedup.prune_status WHERE scope = 'default'",
+            &[],
+        )
+        .await?;
+    let (rows, secs): (i64, f64) = (row.get(0), row.get(1));
+    ensure_eq(rows, 3000, "claims deleted by the paused pass")?;
+    if secs < 0.9 {
+        bail!("a pass of three batches with dedup.prune_batch_delay = 300ms took {secs} s");
+    }
     // Visible in pg_stat_activity; one log line per database and pass that deleted.
     if launcher_pid(&admin).await?.is_none() {
         bail!("no dedup launcher in pg_stat_activity");
