@@ -246,11 +246,17 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         reload_config_if_asked();
         shutdown_requested()
     };
-    // Woken early by SIGTERM (its handler sets the latch); `stop` then sees it.
+    // The latch may be set for other reasons (a reload, a signal): wait out the rest of the
+    // pause, unless SIGTERM (its handler sets the latch) asks to stop; `stop` then sees it.
     let pause = || {
-        let delay = guc::PRUNE_BATCH_DELAY.get();
-        if delay > 0 {
-            BackgroundWorker::wait_latch(Some(Duration::from_millis(delay as u64)));
+        let until =
+            Instant::now() + Duration::from_millis(guc::PRUNE_BATCH_DELAY.get().max(0) as u64);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || shutdown_requested() {
+                break;
+            }
+            BackgroundWorker::wait_latch(Some(left.max(Duration::from_millis(1))));
         }
     };
     let transactions = prune::Transactions::PerBatch {
