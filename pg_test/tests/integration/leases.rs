@@ -18,19 +18,16 @@ async fn lease(c: &Conn, job: &str, duration: &str) -> Result<(String, Option<Uu
     Ok((row.get(0), row.get(1)))
 }
 
-pub async fn concurrent_leases_of_one_job_have_one_holder(ctx: Ctx) -> Result<()> {
-    const CALLERS: usize = 16;
-    let mut conns = Vec::new();
-    for _ in 0..CALLERS {
-        conns.push(ctx.connect().await?);
-    }
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(CALLERS));
+/// Lease `job` from every connection at once (behind a barrier); returns the connections,
+/// the lease ids of the callers that acquired, and how many were told busy.
+async fn race(conns: Vec<Conn>, job: &'static str) -> Result<(Vec<Conn>, Vec<Uuid>, usize)> {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(conns.len()));
     let mut tasks = Vec::new();
     for c in conns {
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let got = lease(&c, "send-receipt-1", "30 seconds").await;
+            let got = lease(&c, job, "30 seconds").await;
             (c, got)
         }));
     }
@@ -46,6 +43,16 @@ pub async fn concurrent_leases_of_one_job_have_one_holder(ctx: Ctx) -> Result<()
         }
         conns.push(c);
     }
+    Ok((conns, acquired, busy))
+}
+
+pub async fn concurrent_leases_of_one_job_have_one_holder(ctx: Ctx) -> Result<()> {
+    const CALLERS: usize = 16;
+    let mut conns = Vec::new();
+    for _ in 0..CALLERS {
+        conns.push(ctx.connect().await?);
+    }
+    let (conns, acquired, busy) = race(conns, "send-receipt-1").await?;
     ensure_eq(
         (acquired.len(), busy),
         (1, CALLERS - 1),
@@ -97,28 +104,7 @@ pub async fn crashed_holder_lease_is_taken_over_once(ctx: Ctx) -> Result<()> {
         "lease before expiry",
     )?;
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(CALLERS));
-    let mut tasks = Vec::new();
-    for c in conns {
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let got = lease(&c, "charge-1", "30 seconds").await;
-            (c, got)
-        }));
-    }
-    let mut acquired = Vec::new();
-    let mut conns = Vec::new();
-    for t in tasks {
-        let (c, got) = t.await?;
-        let (status, id) = got?;
-        if status == "acquired" {
-            acquired.push(id.context("no lease id")?);
-        } else if status != "busy" {
-            bail!("unexpected status {status}");
-        }
-        conns.push(c);
-    }
+    let (conns, acquired, _busy) = race(conns, "charge-1").await?;
     ensure_eq(
         acquired.len(),
         1,
