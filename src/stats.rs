@@ -711,3 +711,39 @@ extension_sql_file!(
         count_event
     ]
 );
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    /// Fill a stretch of the stack with `byte`, where the next call's frame will be.
+    #[inline(never)]
+    fn dirty_stack(byte: u8) -> u8 {
+        let mut a = [byte; 8192];
+        std::hint::black_box(&mut a);
+        a[100]
+    }
+
+    /// The bytes the shared hash table hashes and compares for a key (HASH_BLOBS).
+    #[inline(never)]
+    fn key_bytes(scope: &str, consumer: &str) -> Vec<u8> {
+        let k = Key::new(pg_sys::Oid::from(1u32), scope, consumer);
+        // SAFETY: reads size_of::<Key>() bytes of a live Key, as hash_search does.
+        unsafe {
+            std::slice::from_raw_parts((&k as *const Key).cast::<u8>(), std::mem::size_of::<Key>())
+        }
+        .to_vec()
+    }
+
+    /// Issue 11, finding 8: two keys for the same database, scope and consumer are the same
+    /// bytes, whatever was on the stack before (no uninitialised padding is hashed).
+    #[pg_test]
+    fn equal_keys_are_equal_bytes() {
+        dirty_stack(0xAA);
+        let a = key_bytes("scope", "consumer");
+        dirty_stack(0x55);
+        let b = key_bytes("scope", "consumer");
+        assert_eq!(a, b);
+    }
+}

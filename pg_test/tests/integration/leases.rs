@@ -272,3 +272,55 @@ pub async fn leases_and_fingerprints_raise_their_own_sqlstates(ctx: Ctx) -> Resu
     c.batch_execute("ROLLBACK").await?;
     Ok(())
 }
+
+/// Issue 11, finding 3: a lease extended past its scope's retention and then completed
+/// stays done for the whole retention from its completion, and an extension longer than
+/// the retention is refused as a lease that long is.
+pub async fn completed_lease_is_kept_for_its_retention_from_completion(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute("SELECT dedup.set_retention('r5', '5 seconds')")
+        .await?;
+    let row = c
+        .query_one(
+            "SELECT lease_id FROM dedup.lease('j', 'r5', duration => '4 seconds')",
+            &[],
+        )
+        .await?;
+    let id: Uuid = row.get(0);
+    // The lease was taken 7 s ago and extended twice since (as a slow effect would).
+    c.batch_execute(
+        "UPDATE dedup.processed SET processed_at = now() - interval '7 seconds' WHERE scope = 'r5'",
+    )
+    .await?;
+    c.execute(
+        "SELECT dedup.extend_lease('j', $1, '4 seconds', 'r5')",
+        &[&id],
+    )
+    .await?;
+    let state = expect_sqlstate(
+        c.execute(
+            "SELECT dedup.extend_lease('j', $1, '10 seconds', 'r5')",
+            &[&id],
+        )
+        .await,
+        "an extension longer than the retention",
+    )?;
+    ensure_eq(state.as_str(), "22023", "extend_lease beyond the retention")?;
+    c.execute("SELECT dedup.complete('j', $1, NULL, 'r5')", &[&id])
+        .await?;
+    let pruned: i64 = c.query_one("SELECT dedup.prune('r5')", &[]).await?.get(0);
+    ensure_eq(pruned, 0, "claims pruned right after complete")?;
+    let status: String = c
+        .query_one(
+            "SELECT status FROM dedup.lease('j', 'r5', duration => '4 seconds')",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(status.as_str(), "done", "a new lease of the completed job")?;
+    // Once the retention has passed since completion, it is pruned as usual.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let pruned: i64 = c.query_one("SELECT dedup.prune('r5')", &[]).await?.get(0);
+    ensure_eq(pruned, 1, "claims pruned a retention after complete")?;
+    Ok(())
+}

@@ -104,3 +104,55 @@ pub async fn claims_go_on_while_the_table_is_truncated_and_vacuumed(ctx: Ctx) ->
     )?;
     ensure_eq(rounds > 10, true, "maintenance rounds while claiming")
 }
+
+/// Issue 11, finding 11: the primary key is the only arbiter. A unique index a superuser
+/// adds does not turn a claim of a new job into `false`: the insert meets that index as
+/// `INSERT ... ON CONFLICT ON CONSTRAINT processed_pkey DO NOTHING` would (23505).
+pub async fn only_the_primary_key_decides_a_claim(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute(
+        "CREATE UNIQUE INDEX processed_job_only ON dedup.processed (job_id);
+         BEGIN; SELECT dedup.try_claim('x', 'a'); COMMIT;",
+    )
+    .await?;
+    c.batch_execute("BEGIN").await?;
+    let state = expect_sqlstate(
+        c.query_one("SELECT dedup.try_claim('x', 'b')", &[]).await,
+        "a claim of a job never claimed in scope b",
+    )?;
+    ensure_eq(
+        state.as_str(),
+        "23505",
+        "claim meeting a foreign unique index",
+    )?;
+    c.batch_execute("ROLLBACK; DROP INDEX dedup.processed_job_only")
+        .await?;
+    c.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&c, "SELECT dedup.try_claim('x', 'b')").await?,
+        true,
+        "the same claim without that index",
+    )?;
+    c.batch_execute("COMMIT").await?;
+    Ok(())
+}
+
+/// Issue 11, finding 11: a claim table that is not a plain heap table (here partitioned,
+/// with the same columns and key) is refused with a clear error, by claims and by prune.
+pub async fn a_partitioned_claim_table_is_refused(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute(
+        "ALTER EXTENSION dedup DROP TABLE dedup.processed;
+         ALTER TABLE dedup.processed RENAME TO processed_old;
+         CREATE TABLE dedup.processed (LIKE dedup.processed_old INCLUDING ALL) PARTITION BY HASH (job_id);
+         CREATE TABLE dedup.processed_p0 PARTITION OF dedup.processed FOR VALUES WITH (MODULUS 1, REMAINDER 0);",
+    )
+    .await?;
+    for sql in ["SELECT dedup.try_claim('x')", "SELECT dedup.prune()"] {
+        c.batch_execute("BEGIN").await?;
+        let state = expect_sqlstate(c.query_one(sql, &[]).await, sql)?;
+        ensure_eq(state.as_str(), "55000", sql)?;
+        c.batch_execute("ROLLBACK").await?;
+    }
+    Ok(())
+}

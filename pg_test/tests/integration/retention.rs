@@ -164,3 +164,104 @@ pub async fn claims_racing_a_prune_of_their_keys_have_one_winner(ctx: Ctx) -> Re
     );
     Ok(())
 }
+
+/// Issue 11, finding 4: dedup.retention is set for the server or a database, where every
+/// session and the worker see the same value; a role's setting and a session's SET are
+/// refused with a message, so no session reports a retention the worker does not keep.
+pub async fn retention_is_the_same_in_every_session(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    admin.batch_execute("LOAD 'dedup'").await?;
+    for sql in [
+        "SET dedup.retention = '30d'",
+        "SET LOCAL dedup.retention = '30d'",
+        "SELECT set_config('dedup.retention', '30d', false)",
+    ] {
+        admin.batch_execute("BEGIN").await?;
+        let state = expect_sqlstate(admin.batch_execute(sql).await, sql)?;
+        ensure_eq(state.as_str(), "22023", sql)?;
+        admin.batch_execute("ROLLBACK").await?;
+    }
+    // A role's setting is ignored, with a WARNING when the role's session loads dedup.
+    let (role, _) = crate::common::unprivileged(&ctx, "longer", "").await?;
+    admin
+        .batch_execute(&format!("ALTER ROLE {role} SET dedup.retention = '30d'"))
+        .await?;
+    let w = ctx.connect_as(&role).await?;
+    let r: String = w
+        .query_one("SELECT dedup.retention()::text", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        r.as_str(),
+        "7 days",
+        "dedup.retention() in a session of the role",
+    )?;
+    let warned = w
+        .take_notices()
+        .iter()
+        .any(|n| n.severity() == "WARNING" && n.message().contains("dedup.retention"));
+    ensure_eq(warned, true, "a WARNING for the role's setting")?;
+    admin
+        .batch_execute(&format!("ALTER ROLE {role} RESET dedup.retention"))
+        .await?;
+    // A database's setting holds in every session of that database.
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET dedup.retention = '30d'",
+            ctx.db
+        ))
+        .await?;
+    let w = ctx.connect_as(&role).await?;
+    let r: String = w
+        .query_one("SELECT dedup.retention()::text", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        r.as_str(),
+        "30 days",
+        "dedup.retention() with a database setting",
+    )?;
+    admin
+        .batch_execute(&format!("ALTER DATABASE {} RESET dedup.retention", ctx.db))
+        .await?;
+    Ok(())
+}
+
+/// Issue 11, finding 7: `scope_retention.set_by` names the role that called
+/// `dedup.set_retention`, not the function's owner.
+pub async fn set_by_names_the_caller(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    let (role, w) = crate::common::unprivileged(
+        &ctx,
+        "ops",
+        "GRANT EXECUTE ON FUNCTION dedup.set_retention(text, interval) TO {role};",
+    )
+    .await?;
+    w.batch_execute("SELECT dedup.set_retention('by-role', '2 days')")
+        .await?;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role}_via_set_role; GRANT {role}_via_set_role TO postgres;
+             GRANT EXECUTE ON FUNCTION dedup.set_retention(text, interval) TO {role}_via_set_role;
+             SET ROLE {role}_via_set_role; SELECT dedup.set_retention('by-set-role', '3 days'); RESET ROLE;"
+        ))
+        .await?;
+    let rows: Vec<(String, String)> = admin
+        .query(
+            "SELECT scope, set_by::text FROM dedup.scope_retention ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    ensure_eq(
+        rows,
+        vec![
+            ("by-role".to_string(), role.clone()),
+            ("by-set-role".to_string(), format!("{role}_via_set_role")),
+        ],
+        "scope_retention.set_by",
+    )?;
+    Ok(())
+}

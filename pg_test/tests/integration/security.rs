@@ -192,3 +192,227 @@ pub async fn create_extension_under_hostile_search_path(ctx: Ctx) -> Result<()> 
     }
     Ok(())
 }
+
+/// Issue 11, finding 1: a role with only `LOGIN CREATEDB` owns a database, puts operators
+/// of its own on the search_path of every session there (`ALTER DATABASE ... SET`, and a
+/// superuser's careless `ALTER ROLE ... IN DATABASE ... SET`), and waits for the prune
+/// worker, which connects to every database as a superuser. The worker must run none of
+/// that code: `mallory` stays unprivileged, and no call of the operators is recorded.
+pub async fn worker_runs_no_code_a_database_owner_wrote(_ctx: Ctx) -> Result<()> {
+    use crate::worker::{count, eventually, preloaded, start};
+    let cluster = start(preloaded("worker-hostile")).await?;
+    let admin = dedup_pg_test::connect(&cluster.dsn("postgres")).await?;
+    admin
+        .batch_execute("CREATE ROLE mallory LOGIN CREATEDB")
+        .await?;
+    let as_mallory = |db: &str| format!("{} user=mallory", cluster.dsn(db));
+    let m = dedup_pg_test::connect(&as_mallory("postgres")).await?;
+    // m: without the extension; m_ext: with it (only a superuser can create it there);
+    // m_role: the search_path comes from a setting of the worker's own role.
+    for db in ["m", "m_ext", "m_role"] {
+        m.batch_execute(&format!("CREATE DATABASE {db}")).await?;
+    }
+    for db in ["m", "m_ext", "m_role"] {
+        if db != "m" {
+            dedup_pg_test::connect(&cluster.dsn(db))
+                .await?
+                .batch_execute("CREATE EXTENSION dedup")
+                .await?;
+        }
+        let c = dedup_pg_test::connect(&as_mallory(db)).await?;
+        c.batch_execute(
+            r#"
+            CREATE TABLE public.calls (who name, op text);
+            GRANT ALL ON public.calls TO PUBLIC;
+            CREATE FUNCTION public.pwn_name(a name, b name) RETURNS bool LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.calls VALUES (current_user, 'name');
+                BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+                RETURN a OPERATOR(pg_catalog.=) b;
+            END $$;
+            CREATE FUNCTION public.pwn_text(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.calls VALUES (current_user, 'text');
+                BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+                RETURN a OPERATOR(pg_catalog.=) b;
+            END $$;
+            CREATE FUNCTION public.pwn_ts(a timestamptz, b timestamptz) RETURNS bool LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.calls VALUES (current_user, 'timestamptz');
+                BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+                RETURN a OPERATOR(pg_catalog.<) b;
+            END $$;
+            CREATE OPERATOR public.= (LEFTARG = name, RIGHTARG = name, FUNCTION = public.pwn_name);
+            CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.pwn_text);
+            CREATE OPERATOR public.< (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = public.pwn_ts);
+            "#,
+        )
+        .await?;
+        if db == "m_role" {
+            admin
+                .batch_execute(
+                    "ALTER ROLE postgres IN DATABASE m_role SET search_path = public, pg_catalog",
+                )
+                .await?;
+        } else {
+            c.batch_execute(&format!(
+                "ALTER DATABASE {db} SET search_path = public, pg_catalog"
+            ))
+            .await?;
+        }
+    }
+    m.batch_execute("ALTER ROLE mallory SET search_path = public, pg_catalog")
+        .await?;
+    // Expired claims and a scope retention, so the worker has SQL to run in both databases.
+    for db in ["m_ext", "m_role"] {
+        let c = dedup_pg_test::connect(&cluster.dsn(db)).await?;
+        c.batch_execute(
+            "SET search_path = pg_catalog;
+             INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 100) g;
+             SELECT dedup.set_retention('q', '1 day');
+             INSERT INTO dedup.processed VALUES ('q', 'old', now() - interval '2 days');",
+        )
+        .await?;
+        eventually(30, &format!("pruning {db}"), || async {
+            Ok(count(&c, "SELECT count(*) FROM dedup.processed").await? == 0)
+        })
+        .await?;
+    }
+    // A few more passes over every database.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let superuser: bool = admin
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'",
+            &[],
+        )
+        .await?
+        .get(0);
+    for db in ["m", "m_ext", "m_role"] {
+        let c = dedup_pg_test::connect(&cluster.dsn(db)).await?;
+        let calls: Vec<String> = c
+            .query("SELECT who || ': ' || op FROM public.calls", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        ensure_eq(
+            calls,
+            Vec::<String>::new(),
+            &format!("calls of mallory's operators in {db}"),
+        )?;
+    }
+    ensure_eq(superuser, false, "mallory is a superuser")?;
+    Ok(())
+}
+
+/// Issue 11, finding 5: the whole API as a role holding exactly the grants the README
+/// gives (none for claims, leases and results; `pg_monitor` for the counters), with every
+/// error raised with its own SQLSTATE, not `42501`.
+pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result<()> {
+    let (role, w) = crate::common::unprivileged(&ctx, "app", "GRANT pg_monitor TO {role};").await?;
+    w.batch_execute("SET dedup.warn_outside_transaction = off")
+        .await?;
+    w.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(
+            &w,
+            "SELECT dedup.try_claim('a1') AND dedup.try_claim(2::bigint, 'q') \
+             AND dedup.try_claim(gen_random_uuid()) AND dedup.try_claim('fp-1', 'default', 'sha-a')",
+        )
+        .await?,
+        true,
+        "claims",
+    )?;
+    w.batch_execute("SELECT dedup.set_result('a1', '{\"n\": 1}')")
+        .await?;
+    w.batch_execute("COMMIT").await?;
+    ensure_eq(
+        claim(&w, "SELECT dedup.try_claim('fp-1', 'default', 'sha-a')").await?,
+        false,
+        "the same fingerprint again",
+    )?;
+    let r: String = w
+        .query_one("SELECT result::text FROM dedup.claim_result('a1')", &[])
+        .await?
+        .get(0);
+    ensure_eq(r.as_str(), "{\"n\": 1}", "claim_result")?;
+    for (sql, want) in [
+        (
+            "SELECT dedup.try_claim('fp-1', 'default', 'sha-b')",
+            "YD001",
+        ),
+        (
+            "SELECT * FROM dedup.lease('fp-1', fingerprint => 'sha-b')",
+            "YD001",
+        ),
+        ("SELECT dedup.complete('nope', gen_random_uuid())", "YD002"),
+        (
+            "SELECT dedup.extend_lease('nope', gen_random_uuid())",
+            "YD002",
+        ),
+        (
+            "SELECT dedup.release_lease('nope', gen_random_uuid())",
+            "YD002",
+        ),
+        ("SELECT dedup.try_claim(NULL::text)", "22004"),
+        (
+            "SELECT * FROM dedup.lease('x', duration => '0 seconds')",
+            "22023",
+        ),
+        ("SELECT dedup.set_result('never', '{}')", "55000"),
+    ] {
+        ensure_eq(
+            expect_sqlstate(w.batch_execute(sql).await, sql)?.as_str(),
+            want,
+            sql,
+        )?;
+    }
+    // A lease's whole life.
+    let row = w
+        .query_one(
+            "SELECT status, lease_id FROM dedup.lease('l1', duration => '10 seconds')",
+            &[],
+        )
+        .await?;
+    let (status, id): (String, uuid::Uuid) = (row.get(0), row.get(1));
+    ensure_eq(status.as_str(), "acquired", "lease")?;
+    w.execute("SELECT dedup.extend_lease('l1', $1, '20 seconds')", &[&id])
+        .await?;
+    w.execute("SELECT dedup.complete('l1', $1, '{\"ok\": true}')", &[&id])
+        .await?;
+    let done: String = w
+        .query_one("SELECT status FROM dedup.lease('l1')", &[])
+        .await?
+        .get(0);
+    ensure_eq(done.as_str(), "done", "lease of a completed job")?;
+    let row = w
+        .query_one("SELECT status, lease_id FROM dedup.lease('l2')", &[])
+        .await?;
+    let id: uuid::Uuid = row.get(1);
+    w.execute("SELECT dedup.release_lease('l2', $1)", &[&id])
+        .await?;
+    // What a pg_monitor member reads (the counters need preloading: here they say so).
+    w.batch_execute("SELECT * FROM dedup.stats; SELECT * FROM dedup.stats_info(); SELECT * FROM dedup.prune_status")
+        .await?;
+    ensure_eq(
+        claim(&w, "SELECT dedup.retention('q') = interval '7 days'").await?,
+        true,
+        "dedup.retention",
+    )?;
+    // And nothing more: the table and the privileged functions stay closed.
+    for sql in [
+        "SELECT * FROM dedup.processed",
+        "SELECT dedup.prune()",
+        "SELECT dedup.set_retention('q', '1 day')",
+        "SELECT dedup.stats_reset()",
+        "SELECT dedup._raise('YD001', 'forged', 'forged')",
+    ] {
+        ensure_eq(
+            expect_sqlstate(w.batch_execute(sql).await, sql)?.as_str(),
+            "42501",
+            sql,
+        )?;
+    }
+    let _ = role;
+    Ok(())
+}

@@ -292,3 +292,107 @@ pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// Issue 11, finding 9: a role inventing scope names cannot evict the counters of other
+/// consumers: once the table is full, new combinations are counted in one overflow row.
+pub async fn invented_names_cannot_evict_other_counters(_ctx: Ctx) -> Result<()> {
+    let cluster = Cluster::start(preloaded("stats-flood").set("dedup.stats_max", "100"))?;
+    cluster.create_db_with_extension("app")?;
+    let victim = as_consumer(&cluster, "app", "victim").await?;
+    victim
+        .batch_execute("SELECT dedup.try_claim(g, 'work') FROM generate_series(1, 5) g")
+        .await?;
+    victim.batch_execute("CREATE ROLE flooder LOGIN").await?;
+    let flooder = connect(&format!(
+        "{} user=flooder application_name=flooder",
+        cluster.dsn("app")
+    ))
+    .await?;
+    flooder
+        .batch_execute("SET dedup.warn_outside_transaction = off")
+        .await?;
+    for i in 0..150 {
+        flooder
+            .execute(
+                "SELECT dedup.try_claim('j', $1)",
+                &[&format!("invented-{i:03}")],
+            )
+            .await?;
+    }
+    // The victim counts on, in the entry it had.
+    victim
+        .batch_execute("SELECT dedup.try_claim(g, 'work') FROM generate_series(1, 7) g")
+        .await?;
+    let got: Vec<(String, i64, i64)> = victim
+        .query(
+            "SELECT scope, claims, duplicates FROM dedup.stats WHERE consumer = 'victim'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    ensure_eq(
+        got,
+        vec![("work".to_string(), 7, 5)],
+        "the victim's counters",
+    )?;
+    let row = victim
+        .query_one(
+            "SELECT entries, max_entries, overflowed FROM dedup.stats_info()",
+            &[],
+        )
+        .await?;
+    let (entries, max, overflowed): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    ensure_eq((entries, max), (100, 100), "entries and bound")?;
+    // 150 names, of which 98 got an entry (the victim's and the overflow row hold two).
+    ensure_eq(overflowed, 52, "calls counted in the overflow row")?;
+    let overflow: i64 = victim
+        .query_one(
+            "SELECT claims FROM dedup.stats WHERE datname IS NULL AND scope = '(overflow)'",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(overflow, 52, "claims in the overflow row")?;
+    Ok(())
+}
+
+/// Issue 11, finding 12: a torn or altered counter file is refused whole, never loaded in
+/// part or as counters.
+pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> {
+    let mut cluster = Cluster::start(preloaded("stats-file"))?;
+    cluster.create_db_with_extension("app")?;
+    let file = cluster.data.join("pg_stat/dedup.stat");
+    for damage in ["a byte changed", "the end cut off"] {
+        for name in ["consumer-a", "consumer-b"] {
+            let c = as_consumer(&cluster, "app", name).await?;
+            c.batch_execute("SELECT dedup.try_claim(g) FROM generate_series(1, 3) g")
+                .await?;
+        }
+        cluster.stop("fast")?;
+        let mut bytes = std::fs::read(&file)?;
+        match damage {
+            "a byte changed" => {
+                let at = bytes.len() / 2;
+                bytes[at] ^= 0x01;
+            }
+            _ => bytes.truncate(bytes.len() - 10),
+        }
+        std::fs::write(&file, &bytes)?;
+        cluster.start_again()?;
+        let c = connect_when_up(&cluster.dsn("app")).await?;
+        ensure_eq(
+            counters(&c, "app").await?.len(),
+            0,
+            &format!("entries loaded from a file with {damage}"),
+        )?;
+        if !cluster.log_text().contains("dedup: ignoring") {
+            bail!(
+                "no log line refusing the file with {damage}:\n{}",
+                cluster.log_tail(10)
+            );
+        }
+    }
+    Ok(())
+}

@@ -7,19 +7,19 @@ use dedup_pg_test::{connect, connect_when_up, Conn};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-fn preloaded(name: &str) -> Options {
+pub(crate) fn preloaded(name: &str) -> Options {
     Options::named(name)
         .set("shared_preload_libraries", "dedup")
         .set("dedup.prune_interval", "1s")
         .set("dedup.prune_batch_size", "1000")
 }
 
-async fn start(opts: Options) -> Result<Cluster> {
+pub(crate) async fn start(opts: Options) -> Result<Cluster> {
     tokio::task::spawn_blocking(move || Cluster::start(opts)).await?
 }
 
 /// Poll `check` until it returns true, for at most `secs` seconds.
-async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F) -> Result<()>
+pub(crate) async fn eventually<F, Fut>(secs: u64, what: &str, mut check: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool>>,
@@ -36,15 +36,20 @@ where
     }
 }
 
-async fn count(c: &Conn, sql: &str) -> Result<i64> {
+pub(crate) async fn count(c: &Conn, sql: &str) -> Result<i64> {
     Ok(c.query_one(sql, &[]).await?.get(0))
 }
 
-const EXPIRED: &str =
+pub(crate) const EXPIRED: &str =
     "SELECT count(*) FROM dedup.processed WHERE processed_at < now() - interval '7 days'";
 
 /// Create `db` with the extension and `n` claims eight days old, `live` fresh ones.
-async fn database_with_claims(cluster: &Cluster, db: &str, n: i64, live: i64) -> Result<Conn> {
+pub(crate) async fn database_with_claims(
+    cluster: &Cluster,
+    db: &str,
+    n: i64,
+    live: i64,
+) -> Result<Conn> {
     let admin = connect(&cluster.dsn("postgres")).await?;
     admin
         .batch_execute(&format!("CREATE DATABASE {db}"))
@@ -301,5 +306,199 @@ pub async fn standby_does_not_prune_until_promoted(_ctx: Ctx) -> Result<()> {
         10,
         "live claims after promotion",
     )?;
+    Ok(())
+}
+
+/// Issue 11, finding 2: no ordinary role can stop pruning. An idle session holding the
+/// advisory lock of 0.4.0's prune lock (database a), an open transaction holding the row
+/// lock of an expired lease (database b): every database is still pruned on time. A
+/// database whose prune is kept from running longer than one interval (a privileged
+/// `dedup.prune()` left open, database d) gets a WARNING and shows as overdue.
+pub async fn no_role_can_stop_pruning(_ctx: Ctx) -> Result<()> {
+    let cluster = start(preloaded("worker-locks")).await?;
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    admin.batch_execute("CREATE ROLE anyone LOGIN").await?;
+    let mut conns = Vec::new();
+    for db in ["a", "b", "c", "d"] {
+        conns.push(database_with_claims(&cluster, db, 0, 0).await?);
+    }
+    let as_anyone = |db: &str| format!("{} user=anyone", cluster.dsn(db));
+    let holder = connect(&as_anyone("a")).await?;
+    let locked: bool = holder
+        .query_one("SELECT pg_try_advisory_lock(1684366453, 1)", &[])
+        .await?
+        .get(0);
+    ensure_eq(locked, true, "advisory lock taken by an ordinary role")?;
+    // b: an expired lease, taken over by a transaction left open.
+    conns[1]
+        .batch_execute(
+            "INSERT INTO dedup.processed (scope, job_id, processed_at, lease_id, lease_expires_at)
+             VALUES ('default', 'held', now() - interval '8 days', gen_random_uuid(), now() - interval '1 hour')",
+        )
+        .await?;
+    let taker = connect(&as_anyone("b")).await?;
+    taker.batch_execute("BEGIN").await?;
+    let status: String = taker
+        .query_one("SELECT status FROM dedup.lease('held')", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        status.as_str(),
+        "acquired",
+        "take-over of the expired lease",
+    )?;
+    for c in &conns[..3] {
+        c.batch_execute(
+            "INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 2000) g",
+        )
+        .await?;
+    }
+    for (c, db) in conns.iter().zip(["a", "b", "c"]) {
+        eventually(30, &format!("pruning database {db}"), || async {
+            Ok(count(
+                c,
+                "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'old-%'",
+            )
+            .await?
+                == 0)
+        })
+        .await?;
+    }
+    taker.batch_execute("COMMIT").await?;
+    ensure_eq(
+        count(
+            &conns[1],
+            "SELECT count(*) FROM dedup.processed WHERE job_id = 'held'",
+        )
+        .await?,
+        1,
+        "the lease taken over",
+    )?;
+    // d: pruned once, then a prune by a privileged session left open keeps the worker out.
+    let d = &conns[3];
+    eventually(30, "a first pass over database d", || async {
+        Ok(count(
+            d,
+            "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL",
+        )
+        .await?
+            == 1)
+    })
+    .await?;
+    let busy = connect(&cluster.dsn("d")).await?;
+    busy.batch_execute("BEGIN; SELECT dedup.prune();").await?;
+    eventually(30, "database d reported as overdue", || async {
+        Ok(count(
+            d,
+            "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND overdue",
+        )
+        .await?
+            == 1)
+    })
+    .await?;
+    eventually(30, "a WARNING for database d", || async {
+        Ok(cluster.log_text().lines().any(|l| {
+            l.contains("WARNING") && l.contains("database \"d\"") && l.contains("not been pruned")
+        }))
+    })
+    .await?;
+    busy.batch_execute("COMMIT").await?;
+    eventually(30, "database d no longer overdue", || async {
+        Ok(count(
+            d,
+            "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND NOT overdue",
+        )
+        .await?
+            == 1)
+    })
+    .await?;
+    drop(holder);
+    Ok(())
+}
+
+/// Issue 11, finding 6: VACUUM truncates the table between two batches of a pass; the
+/// next batch starts past the new end and must not fail.
+pub async fn vacuum_truncation_between_batches(_ctx: Ctx) -> Result<()> {
+    let cluster = start(
+        preloaded("worker-truncate")
+            .set("dedup.prune_batch_size", "1000000")
+            .set("dedup.prune_batch_delay", "5s"),
+    )
+    .await?;
+    let a = database_with_claims(&cluster, "a", 0, 0).await?;
+    // About 1,100 blocks of expired claims, then live ones: the first batch (blocks 0 to
+    // 1023) deletes only expired claims, and the pass pauses 5 s after it.
+    a.batch_execute(
+        "INSERT INTO dedup.processed SELECT 'default', 'first-' || g, now() FROM generate_series(1, 100) g;
+         INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 150000) g;
+         INSERT INTO dedup.processed SELECT 'default', 'live-' || g, now() FROM generate_series(1, 50000) g;",
+    )
+    .await?;
+    eventually(30, "the first batch", || async {
+        Ok(count(
+            &a,
+            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'old-%'",
+        )
+        .await?
+            < 150000)
+    })
+    .await?;
+    // In the pause: delete all but the first block's claims, and let VACUUM truncate the
+    // table to that block.
+    a.batch_execute("DELETE FROM dedup.processed WHERE job_id NOT LIKE 'first-%'")
+        .await?;
+    a.batch_execute("VACUUM dedup.processed").await?;
+    let blocks: i64 = a
+        .query_one("SELECT pg_relation_size('dedup.processed') / 8192", &[])
+        .await?
+        .get(0);
+    if blocks >= 1024 {
+        bail!("VACUUM left {blocks} blocks: the test did not truncate the table under the pass");
+    }
+    eventually(30, "the pass recorded", || async {
+        Ok(count(
+            &a,
+            "SELECT count(*) FROM dedup.prune_status WHERE scope IS NULL AND rows_deleted > 0 OR last_error IS NOT NULL",
+        )
+        .await?
+            > 0)
+    })
+    .await?;
+    let row = a
+        .query_one(
+            "SELECT consecutive_failures, coalesce(last_error, '') FROM dedup.prune_status WHERE scope IS NULL",
+            &[],
+        )
+        .await?;
+    ensure_eq(
+        (row.get::<_, i32>(0), row.get::<_, String>(1)),
+        (0, String::new()),
+        "failures of the pass",
+    )?;
+    Ok(())
+}
+
+/// Issue 11, finding 10: DROP DATABASE succeeds while the worker is in the middle of a
+/// long pass there (it waits at most 5 s for other sessions to leave).
+pub async fn drop_database_during_a_pass(_ctx: Ctx) -> Result<()> {
+    let cluster = start(
+        preloaded("worker-drop")
+            .set("dedup.prune_batch_size", "100")
+            .set("dedup.prune_batch_delay", "1s"),
+    )
+    .await?;
+    let a = database_with_claims(&cluster, "a", 20_000, 0).await?;
+    eventually(30, "a prune pass under way", || async {
+        Ok(count(&a, EXPIRED).await? < 20_000)
+    })
+    .await?;
+    drop(a);
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    let started = Instant::now();
+    admin.batch_execute("DROP DATABASE a").await?;
+    println!(
+        "  DROP DATABASE during a pass took {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
