@@ -91,6 +91,10 @@ pub(crate) fn check_scope(func: &str, scope: &str) {
 
 fn check_transaction() {
     check_writable(FUNC);
+    // SAFETY: unguarded::IsTransactionBlock only reads CurrentTransactionState->blockState
+    // and never raises an ERROR, so it needs no pgrx guard; it runs on the backend's main
+    // thread, inside a transaction, from a #[pg_extern] try_claim function. The WARNING is
+    // emitted by safe Rust (error::warn_outside_transaction).
     unsafe {
         if !unguarded::IsTransactionBlock() && guc::WARN_OUTSIDE_TRANSACTION.get() {
             error::warn_outside_transaction(FUNC);
@@ -100,6 +104,12 @@ fn check_transaction() {
 
 /// Refuse to write on a standby, in a read-only transaction or in parallel mode.
 pub(crate) fn check_writable(func: &str) {
+    // SAFETY: RecoveryInProgress goes through pgrx's guarded binding (it reads the shared
+    // XLogCtl recovery state and raises no ERROR); XactReadOnly is a plain read of a
+    // backend-global bool; unguarded::IsInParallelMode only reads
+    // CurrentTransactionState->parallelModeLevel and never raises an ERROR. Callers are
+    // #[pg_extern] functions (try_claim's, dedup._check_claim) on the backend's main thread,
+    // so the Rust panics that error::* raise are turned into ERRORs by their pgrx wrappers.
     unsafe {
         if pg_sys::RecoveryInProgress() {
             error::on_standby(func);
@@ -166,6 +176,10 @@ pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
     check_transaction();
+    // SAFETY: insert_claim's contract holds: we are in a transaction that may write
+    // (check_writable refused a standby, a read-only transaction and parallel mode), on the
+    // backend's main thread, under the pgrx guard of the #[pg_extern] function that called
+    // us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
     let outcome = unsafe { insert_claim(scope, job_id, fingerprint) };
     stats::count(
         scope,
@@ -187,28 +201,67 @@ fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcom
 /// waiting and isolation behaviour are those of the SQL statement.
 ///
 /// Returns whether this call inserted the row, and if not, what it found.
+///
+/// # Safety
+///
+/// Call inside a transaction that may write (check_writable passed), on the backend's main
+/// thread, from a function run under pgrx's guard (the #[pg_extern] try_claim functions):
+/// every ERROR raised by the PostgreSQL calls below (lock waits ending in deadlock,
+/// lock_timeout or cancel, unique violations of other indexes, out of memory) is caught at
+/// its pg_sys call, unwinds these frames as a Rust panic and is re-raised by that wrapper.
+/// What such an unwind skips (table_close, ExecCloseIndices, ExecDropSingleTupleTableSlot,
+/// FreeExecutorState, SpeculativeInsertionLockRelease) is released by the transaction's
+/// (or subtransaction's) abort: relcache and index references, the slots' tuple
+/// descriptor and buffer pins and the locks through the resource owner, and the executor
+/// state's memory with the caller's memory context it is a child of.
 unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
+    // SAFETY: open_processed (in a transaction, under the guard) returns dedup.processed
+    // open with RowExclusiveLock: `rel` points to its relcache entry, valid until the
+    // table_close at the end of this function (or the transaction's abort).
     let rel = open_processed();
     let layout = check_layout(rel);
     if fingerprint.is_some() && layout == Layout::Claims {
         error::needs_update(FUNC, "a payload fingerprint", "0.3.0");
     }
 
+    // SAFETY: CreateExecutorState makes the "ExecutorState" context es_query_cxt as a child
+    // of CurrentMemoryContext (the calling function's, usually the per-tuple memory of the
+    // expression that calls try_claim) and allocates the EState in it; both live until
+    // FreeExecutorState below. From the switch on, every palloc below (the ResultRelInfo,
+    // the index info, the slot, the text datums, the arbiter list) lands in es_query_cxt;
+    // MemoryContextSwitchTo is a plain global store in pgrx (no call, no ERROR).
     let estate = pg_sys::CreateExecutorState();
     let old_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
 
+    // SAFETY: palloc0 returns zeroed, MAXALIGNed memory of the ResultRelInfo's size in
+    // es_query_cxt (or raises out of memory through the guard); InitResultRelInfo fills it
+    // for `rel` (range-table index 1, no partition root); ExecOpenIndices(speculative)
+    // opens each index of `rel` with RowExclusiveLock (index_open) and builds the
+    // IndexInfo, with the unique-check data speculative insertion needs, in es_query_cxt;
+    // they stay open until ExecCloseIndices below.
     let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
         .cast::<pg_sys::ResultRelInfo>();
     (*rri).type_ = pg_sys::NodeTag::T_ResultRelInfo;
     pg_sys::InitResultRelInfo(rri, rel, 1, std::ptr::null_mut(), 0);
     pg_sys::ExecOpenIndices(rri, true);
 
+    // SAFETY: table_slot_create with no list makes a standalone slot of the heap AM's type
+    // for rel's tuple descriptor (pinned by the slot), in es_query_cxt; it is valid until
+    // ExecDropSingleTupleTableSlot below. Its tts_values and tts_isnull arrays have natts
+    // entries, which check_layout made layout.columns(); the two slices into them are used
+    // only before ExecStoreVirtualTuple, while the slot lives. ExecClearTuple empties it.
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     pg_sys::ExecClearTuple(slot);
     let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
     let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
     // scope, job_id, processed_at, fingerprint; no result, no lease.
     nulls.fill(true);
+    // SAFETY: text_datum pallocs each text in es_query_cxt (it lives as long as the slot
+    // that points to it); every length was checked against its limit (check_key,
+    // check_fingerprint). unguarded::GetCurrentTransactionStartTimestamp only returns
+    // xactStartTimestamp, and unguarded::ExecStoreVirtualTuple only sets the slot's flags
+    // and tts_nvalid = natts (all natts values and nulls are set above): neither can raise
+    // an ERROR, so they are called without pgrx's guard.
     values[0] = text_datum(scope);
     values[1] = text_datum(job_id);
     values[2] = pg_sys::Datum::from(unguarded::GetCurrentTransactionStartTimestamp());
@@ -220,9 +273,32 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     unguarded::ExecStoreVirtualTuple(slot);
     (*slot).tts_tableOid = (*rel).rd_id;
 
-    // An empty arbiter list means "every unique index", as in ON CONFLICT DO NOTHING
-    // without a target; the primary key is the table's only unique index.
-    let arbiters: *mut pg_sys::List = std::ptr::null_mut();
+    // The primary key is the only arbiter, as in ON CONFLICT ON CONSTRAINT processed_pkey
+    // DO NOTHING: a unique index someone added is checked like any index (a conflict
+    // there is a unique violation), never taken for a claim. (check_layout found the key.)
+    // SAFETY: RelationGetPrimaryKeyIndex reads (or rebuilds, by catalog scans that can
+    // raise ERRORs through the guard) rel's cached index list; lappend_oid pallocs the
+    // one-element list in es_query_cxt, freed with it.
+    let arbiters = pg_sys::lappend_oid(
+        std::ptr::null_mut(),
+        pg_sys::RelationGetPrimaryKeyIndex(rel),
+    );
+    // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
+    // above; `conflict_tid` is a local the check fills in. The calls that can raise an
+    // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
+    // inserter of the same key: deadlock, lock_timeout, cancel), inspect_conflict (see its
+    // contract), GetCurrentTransactionId (assigns an xid: ERROR near wraparound),
+    // SpeculativeInsertionLockAcquire (LockAcquire: out of shared lock memory; the lock is
+    // held by CurrentResourceOwner until the release below, or the abort),
+    // table_tuple_insert_speculative and insert_index_tuples (a heap or index insert:
+    // out of disk, a unique violation in a non-arbiter index), and check_for_interrupts!
+    // (ProcessInterrupts: cancel, timeouts). table_tuple_complete_speculative re-reads the
+    // page (an I/O ERROR is possible there) and then finishes or kills the tuple inside a
+    // critical section (where a failure is a PANIC, not an ERROR).
+    // unguarded::SpeculativeInsertionLockRelease releases the lock the same resource owner
+    // took a few calls before (see its declaration: no ERROR is reachable), and
+    // unguarded::list_free pfrees the recheck list insert_index_tuples built in
+    // es_query_cxt (NIL when empty), with no ERROR for a valid list.
     let inserted = loop {
         let mut conflict_tid = pg_sys::ItemPointerData::default();
         if !check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
@@ -251,6 +327,14 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
         pg_sys::check_for_interrupts!();
     };
 
+    // SAFETY: teardown in reverse order, each object still valid: the slot is dropped (its
+    // tuple descriptor pin released) before the indexes it was inserted into are closed
+    // (index_close, their RowExclusiveLocks kept to the end of the transaction, as the
+    // executor does); CurrentMemoryContext is switched back to the caller's
+    // before FreeExecutorState deletes es_query_cxt and, with it, rri, the datums, the
+    // arbiter list and the estate; table_close with NoLock drops our relcache reference
+    // and keeps the RowExclusiveLock until the transaction ends. Nothing made above is
+    // used after this point.
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::ExecCloseIndices(rri);
     pg_sys::MemoryContextSwitchTo(old_cxt);
@@ -266,12 +350,27 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
 /// failure, exactly as for INSERT ... ON CONFLICT DO NOTHING (ExecCheckTIDVisible). A lease
 /// (dedup.lease) is not a claim `try_claim` can report on. Otherwise it is a duplicate,
 /// unless both claims carry a payload fingerprint and they differ.
+///
+/// # Safety
+///
+/// `rel` is the open claim table, checked by check_layout (a heap table: the slot below is
+/// a buffer heap slot, which has the xmin system attribute); `tid` is the conflicting
+/// tuple's TID that ExecCheckIndexConstraints reported. Call within insert_claim: in its
+/// transaction, with a snapshot, CurrentMemoryContext = es_query_cxt, under the pgrx guard
+/// of the #[pg_extern] caller, which re-raises this function's ERRORs (the Rust panics of
+/// pgrx::error! and error::*, and those caught at the pg_sys calls).
 unsafe fn inspect_conflict(
     rel: pg_sys::Relation,
     layout: Layout,
     tid: &mut pg_sys::ItemPointerData,
     fingerprint: Option<&str>,
 ) -> Outcome {
+    // SAFETY: table_slot_create makes a standalone slot in es_query_cxt, valid until the
+    // ExecDropSingleTupleTableSlot on either return path (on an ERROR, es_query_cxt's
+    // deletion with the caller's context and the abort's resource owner reclaim it and its
+    // buffer pin). table_tuple_fetch_row_version reads `tid` with SnapshotAny (the global
+    // SnapshotAnyData, taken by address without a Rust reference) and leaves the tuple in
+    // the slot with its buffer pinned; it can raise an ERROR (I/O) through the guard.
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     if !pg_sys::table_tuple_fetch_row_version(
         rel,
@@ -283,6 +382,12 @@ unsafe fn inspect_conflict(
     }
     // Committed after our snapshot: a copy in flight at the same time as ours (we waited
     // for it), which REPEATABLE READ and SERIALIZABLE cannot accept.
+    // SAFETY: the snapshot returned is snapmgr's (the statement's active snapshot, or the
+    // static transaction snapshot), valid through this function, which takes no new one.
+    // table_tuple_satisfies_snapshot share-locks the pinned buffer while it checks the
+    // tuple; slot_getsysattr reads xmin from the heap slot; TransactionIdIsCurrentTransactionId
+    // only reads this backend's transaction state; XactIsoLevel is a plain global read.
+    // ERRORs (I/O, or our serialization failure) unwind through pgrx's guard.
     let snapshot = if pg_sys::ActiveSnapshotSet() {
         pg_sys::GetActiveSnapshot()
     } else {
@@ -312,6 +417,11 @@ unsafe fn inspect_conflict(
         return duplicate;
     }
     let mut isnull = false;
+    // SAFETY: slot_getattr deforms the tuple held (and pinned) by the slot; attribute 7
+    // and 4 exist in the Leases layout (check_layout). The fingerprint datum points into
+    // the pinned buffer page (or, were it compressed or toasted, to the copy
+    // pg_detoast_datum_packed pallocs in es_query_cxt): the &str from_datum borrows it only
+    // for the comparison, before ExecDropSingleTupleTableSlot releases the pin.
     pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut isnull);
     if !isnull {
         error::leased(FUNC);
@@ -327,6 +437,16 @@ unsafe fn inspect_conflict(
     outcome
 }
 
+/// Wraps ExecCheckIndexConstraints as PostgreSQL 13 takes it (the result relation in the
+/// EState).
+///
+/// # Safety
+///
+/// `rri` is a live ResultRelInfo with its indexes open (ExecOpenIndices, speculative),
+/// `slot` holds the row to insert, `estate` is the executor state whose es_query_cxt they
+/// live in, `arbiters` a list of index OIDs of `rri`'s relation. Call under pgrx's guard, in
+/// the transaction: the check can wait for a concurrent inserter of the same key (lock
+/// waits raise ERRORs on deadlock, lock_timeout or cancel), caught at the pg_sys call.
 #[cfg(feature = "pg13")]
 unsafe fn check_index_constraints(
     rri: *mut pg_sys::ResultRelInfo,
@@ -335,10 +455,21 @@ unsafe fn check_index_constraints(
     conflict_tid: &mut pg_sys::ItemPointerData,
     arbiters: *mut pg_sys::List,
 ) -> bool {
+    // SAFETY: `estate` is live; PostgreSQL 13 finds the result relation through this
+    // field, which `rri` (live as long as es_query_cxt) outlasts every use of.
     (*estate).es_result_relation_info = rri;
     pg_sys::ExecCheckIndexConstraints(slot, estate, conflict_tid, arbiters)
 }
 
+/// Wraps ExecCheckIndexConstraints, whose arguments changed in PostgreSQL 14.
+///
+/// # Safety
+///
+/// `rri` is a live ResultRelInfo with its indexes open (ExecOpenIndices, speculative),
+/// `slot` holds the row to insert, `estate` is the executor state whose es_query_cxt they
+/// live in, `arbiters` a list of index OIDs of `rri`'s relation. Call under pgrx's guard, in
+/// the transaction: the check can wait for a concurrent inserter of the same key (lock
+/// waits raise ERRORs on deadlock, lock_timeout or cancel), caught at the pg_sys call.
 #[cfg(not(feature = "pg13"))]
 unsafe fn check_index_constraints(
     rri: *mut pg_sys::ResultRelInfo,
@@ -347,9 +478,19 @@ unsafe fn check_index_constraints(
     conflict_tid: &mut pg_sys::ItemPointerData,
     arbiters: *mut pg_sys::List,
 ) -> bool {
+    // SAFETY: the caller's contract above; conflict_tid is a valid &mut the check fills.
     pg_sys::ExecCheckIndexConstraints(rri, slot, estate, conflict_tid, arbiters)
 }
 
+/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
+///
+/// # Safety
+///
+/// As for check_index_constraints, with the heap tuple of `slot` already inserted
+/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
+/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
+/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
+/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
 #[cfg(feature = "pg13")]
 unsafe fn insert_index_tuples(
     _rri: *mut pg_sys::ResultRelInfo,
@@ -358,9 +499,20 @@ unsafe fn insert_index_tuples(
     spec_conflict: &mut bool,
     arbiters: *mut pg_sys::List,
 ) -> *mut pg_sys::List {
+    // SAFETY: the contract above; PostgreSQL 13 reads the result relation that
+    // check_index_constraints stored in es_result_relation_info.
     pg_sys::ExecInsertIndexTuples(slot, estate, true, spec_conflict, arbiters)
 }
 
+/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
+///
+/// # Safety
+///
+/// As for check_index_constraints, with the heap tuple of `slot` already inserted
+/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
+/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
+/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
+/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
 #[cfg(any(feature = "pg14", feature = "pg15"))]
 unsafe fn insert_index_tuples(
     rri: *mut pg_sys::ResultRelInfo,
@@ -369,9 +521,20 @@ unsafe fn insert_index_tuples(
     spec_conflict: &mut bool,
     arbiters: *mut pg_sys::List,
 ) -> *mut pg_sys::List {
+    // SAFETY: the contract above (update = false, noDupErr = true: arbiter conflicts are
+    // reported in spec_conflict, a valid &mut bool).
     pg_sys::ExecInsertIndexTuples(rri, slot, estate, false, true, spec_conflict, arbiters)
 }
 
+/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
+///
+/// # Safety
+///
+/// As for check_index_constraints, with the heap tuple of `slot` already inserted
+/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
+/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
+/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
+/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
 #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
 unsafe fn insert_index_tuples(
     rri: *mut pg_sys::ResultRelInfo,
@@ -380,6 +543,8 @@ unsafe fn insert_index_tuples(
     spec_conflict: &mut bool,
     arbiters: *mut pg_sys::List,
 ) -> *mut pg_sys::List {
+    // SAFETY: the contract above (update = false, noDupErr = true, onlySummarizing =
+    // false: arbiter conflicts are reported in spec_conflict, a valid &mut bool).
     pg_sys::ExecInsertIndexTuples(
         rri,
         slot,
@@ -392,7 +557,17 @@ unsafe fn insert_index_tuples(
     )
 }
 
+/// A `text` datum of `s`, palloc'd in CurrentMemoryContext.
+///
+/// # Safety
+///
+/// Call on the backend's main thread with a valid CurrentMemoryContext: the text lives as
+/// long as that context (es_query_cxt in insert_claim), and the datum must not be used
+/// after it is reset or deleted. `s.len()` must fit an i32: callers pass job ids, scopes
+/// and fingerprints checked against their limits (at most 1024 bytes).
 unsafe fn text_datum(s: &str) -> pg_sys::Datum {
+    // SAFETY: cstring_to_text_with_len copies `s.len()` bytes from the valid &str (no NUL
+    // needed); its only ERROR, out of memory, goes through pgrx's guard to the caller's.
     pg_sys::Datum::from(pg_sys::cstring_to_text_with_len(
         s.as_ptr().cast(),
         s.len() as i32,
@@ -408,13 +583,31 @@ static mut PROCESSED: (pg_sys::Oid, pg_sys::Oid) = (pg_sys::InvalidOid, pg_sys::
 /// exist and still be `processed` in the schema `dedup` (the extension may have been
 /// dropped and created again since). A TRUNCATE, VACUUM or ANALYZE of the table changes
 /// nothing here: the OID stays.
+///
+/// # Safety
+///
+/// Call inside a transaction (syscache lookups; the lock is held by the transaction's
+/// resource owner), on the backend's main thread, under pgrx's guard: try_table_open waits
+/// for the lock and raises ERRORs (deadlock, lock_timeout, cancel, or a cached OID that now
+/// names an index or a composite type), caught at the pg_sys call and re-raised by the
+/// guarded caller (a #[pg_extern], or prune::in_transaction's PgTry). The relation returned
+/// is open with RowExclusiveLock: its relcache entry is valid until the caller's
+/// table_close (or the transaction's abort), and the caller must close it.
 pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
+    // SAFETY: PROCESSED is backend-local (each backend has its own copy of the library's
+    // statics) and only touched from the backend's main thread, through this raw pointer,
+    // with no reference to it kept across a call.
     let cached = std::ptr::addr_of_mut!(PROCESSED);
     for _ in 0..2 {
         if (*cached).1 == pg_sys::InvalidOid {
             *cached = lookup_processed();
         }
         let (nsp, relid) = *cached;
+        // SAFETY: try_table_open returns NULL, holding no lock, when `relid` no longer names
+        // a relation; otherwise an open entry. rd_rel is read at once, before any call that
+        // could accept invalidation messages and rebuild the entry (replacing rd_rel);
+        // relname is a NUL-terminated NameData. table_close releases the lock before we
+        // look the OIDs up again.
         let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
         if !rel.is_null() {
             let form = (*rel).rd_rel;
@@ -429,7 +622,14 @@ pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
     error::table_missing()
 }
 
+/// # Safety
+///
+/// Call inside a transaction (syscache lookups), under pgrx's guard: get_namespace_oid
+/// (missing_ok) and get_relname_relid return InvalidOid for a missing name and raise an
+/// ERROR only if the catalog cannot be read; error::table_missing raises ours as a panic.
 unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
+    // SAFETY: the contract above; the names are 'static NUL-terminated C strings that the
+    // lookups only read.
     let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
     let relid = if nsp == pg_sys::InvalidOid {
         pg_sys::InvalidOid
@@ -442,9 +642,33 @@ unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
     (nsp, relid)
 }
 
-/// The claim row is written column by column: refuse a table whose columns are not the
-/// ones some version of the extension made (altered by hand).
+/// The claim row is written column by column into a heap table, through its primary key:
+/// refuse a table whose columns are not the ones some version of the extension made
+/// (altered by hand), a table that is not a plain heap table (partitioned, or of another
+/// access method), and one without its primary key.
+///
+/// # Safety
+///
+/// `rel` must be an open relation (open_processed) that stays open for the call, in a
+/// transaction, under pgrx's guard (RelationGetPrimaryKeyIndex can raise catalog ERRORs;
+/// error::* raise ours as panics). Callers rely on the result: Layout::columns() is the
+/// relation's natts, and the relation is a heap table (heap_setscanlimits and the heap
+/// slot's system attributes depend on it).
 pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
+    // SAFETY: rd_rel is read before RelationGetPrimaryKeyIndex, which may build the index
+    // list by catalog scans whose lock acquisition accepts invalidation messages, and a
+    // rebuild of the entry replaces rd_rel (not rd_att while the descriptor is unchanged,
+    // as it is under our RowExclusiveLock). rd_att is read after it, and the attribute
+    // slice of natts entries is used before any further call.
+    let form = (*rel).rd_rel;
+    if (*form).relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+        || (*form).relam != pg_sys::HEAP_TABLE_AM_OID
+    {
+        error::not_a_heap_table(FUNC);
+    }
+    if pg_sys::RelationGetPrimaryKeyIndex(rel) == pg_sys::InvalidOid {
+        error::unexpected_layout(FUNC);
+    }
     let desc = (*rel).rd_att;
     let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
     let prefix_ok = attrs
@@ -477,21 +701,40 @@ COMMENT ON FUNCTION dedup.try_claim(pg_catalog.uuid, pg_catalog.text) IS
 /// frames that pgrx did not guard would be undefined behaviour.
 mod unguarded {
     use pgrx::pg_sys;
+    // SAFETY: each declaration matches the prototype pgrx binds for PostgreSQL 13 to 18
+    // (pgrx-pg-sys's bindings) and is called only from the backend's main thread, inside a
+    // #[pg_extern] function and a transaction. None of these functions reaches
+    // ereport(ERROR) or elog(ERROR) on the paths we use (see each one), so no longjmp can
+    // cross the Rust frames that pgrx's per-call guard would otherwise protect.
     extern "C" {
         /// Reads `CurrentTransactionState->parallelModeLevel`.
+        // SAFETY: a read of backend-local transaction state; no allocation, no ERROR.
         pub fn IsInParallelMode() -> bool;
         /// Reads `CurrentTransactionState->blockState`.
+        // SAFETY: a read of backend-local transaction state; no allocation, no ERROR.
         pub fn IsTransactionBlock() -> bool;
         /// Returns `xactStartTimestamp`.
+        // SAFETY: a read of a backend-local global; no allocation, no ERROR.
         pub fn GetCurrentTransactionStartTimestamp() -> pg_sys::TimestampTz;
         /// Sets the slot's flags (assertions only).
+        // SAFETY: `slot` must be a live, empty slot whose values and nulls are all set: it
+        // only clears TTS_FLAG_EMPTY and sets tts_nvalid = natts; no ERROR.
         pub fn ExecStoreVirtualTuple(
             slot: *mut pg_sys::TupleTableSlot,
         ) -> *mut pg_sys::TupleTableSlot;
         /// pfree of a list we built (NIL is fine).
+        // SAFETY: list_free returns at once for NIL, else pfrees the cell array and the
+        // header; pfree raises an ERROR only for a pointer that is not a valid chunk,
+        // which a list ExecInsertIndexTuples built in es_query_cxt is.
         pub fn list_free(list: *mut pg_sys::List);
         /// LockRelease of our own speculative-insertion lock: a WARNING at most, never an
         /// ERROR.
+        // SAFETY: LockRelease's elog(ERROR)s are consistency checks unreachable here: an
+        // invalid lock method or mode (constants), re-finding a fast-path lock (only
+        // relation locks take the fast path), ResourceOwnerForgetLock not finding the lock
+        // (CurrentResourceOwner took it in SpeculativeInsertionLockAcquire a few calls
+        // before and has not changed), LWLockAcquire's "too many LWLocks taken" (none is
+        // held here). Not holding the lock is a WARNING; lock table corruption a PANIC.
         pub fn SpeculativeInsertionLockRelease(xid: pg_sys::TransactionId);
     }
 }

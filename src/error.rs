@@ -165,6 +165,15 @@ pub fn unexpected_layout(func: &str) -> ! {
     )
 }
 
+pub fn not_a_heap_table(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: dedup.processed is not a plain heap table (partitioned, or of another access method)"),
+        "dedup.processed must stay the table the extension made: claims are written into its \
+         heap and its primary key directly.",
+    )
+}
+
 pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is: &str) {
     let than = if shortest_is == "a minute" {
         "a minute".to_string()

@@ -21,6 +21,10 @@ pub static PRUNE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(5000);
 /// claims, so a long prune leaves the claims that run beside it most of the machine.
 pub static PRUNE_BATCH_DELAY: GucSetting<i32> = GucSetting::<i32>::new(20);
 
+/// `dedup.prune_lock_timeout`, milliseconds: the worker's `lock_timeout`, so no lock held
+/// in one database keeps its pass, or the passes of the other databases, waiting long.
+pub static PRUNE_LOCK_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
 /// `dedup.lease_duration`, seconds: how long `dedup.lease` holds a job unless told otherwise.
 pub static LEASE_DURATION: GucSetting<i32> = GucSetting::<i32>::new(30);
 
@@ -64,6 +68,11 @@ pub fn init() {
         GucFlags::default(),
     );
     // SAFETY: the check hook is a #[pg_guard] function with the signature PostgreSQL expects.
+    // (define_int_guc_with_hooks is unsafe only for that: a hook must not let a panic or a
+    // longjmp cross its C frame.) DefineCustomIntVariable copies the name (guc_strdup) and
+    // keeps pointers to the 'static descriptions and to RETENTION's 'static storage; its
+    // ERRORs (out of memory, a name already defined) reach the #[pg_guard] of _PG_init,
+    // our caller.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"dedup.retention",
@@ -74,6 +83,7 @@ pub fn init() {
             &RETENTION,
             1,
             i32::MAX,
+            // Superusers set it; check_retention keeps it to the server and database levels.
             GucContext::Suset,
             GucFlags::UNIT_S,
             Some(check_retention),
@@ -115,6 +125,18 @@ pub fn init() {
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
+        c"dedup.prune_lock_timeout",
+        c"The longest the background worker waits for a lock while it prunes a database.",
+        c"The worker's lock_timeout. A pass that waits longer fails, is retried after a \
+          back-off, and the other databases are pruned meanwhile. Rows locked by open \
+          transactions are skipped, never waited for.",
+        &PRUNE_LOCK_TIMEOUT,
+        100,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
         c"dedup.lease_duration",
         c"How long dedup.lease holds a job when no duration is passed.",
         c"Longer than the external effect takes, or the holder extends it (dedup.extend_lease); \
@@ -126,6 +148,8 @@ pub fn init() {
         GucFlags::UNIT_S,
     );
     // A postmaster setting can only be defined while the server starts: only when preloaded.
+    // SAFETY: a plain read of the global `bool process_shared_preload_libraries_in_progress`
+    // (miscinit.c); no call, no ERROR, on the process's only thread (from _PG_init).
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         define_stats_max();
     }
@@ -160,8 +184,9 @@ fn define_stats_max() {
     GucRegistry::define_int_guc(
         c"dedup.stats_max",
         c"Database, scope and consumer combinations dedup.stats keeps counters for.",
-        c"The least recently used one is evicted when the table is full (dedup.stats_info \
-          counts evictions). Needs shared_preload_libraries = 'dedup'.",
+        c"One entry is the overflow row: when the table is full, new combinations are counted \
+          there (scope '(overflow)'), and nothing is evicted. Needs \
+          shared_preload_libraries = 'dedup'.",
         &STATS_MAX,
         100,
         1_000_000,
@@ -178,16 +203,59 @@ pub fn prune_role() -> Option<String> {
         .filter(|r| !r.is_empty())
 }
 
-/// Warn when a retention under a minute is set by a user (SET, ALTER DATABASE/ROLE ... SET,
-/// ALTER SYSTEM) or read from the configuration file by the postmaster; not again in every
+/// Keep `dedup.retention` to the levels every session and the worker see alike: the server
+/// (postgresql.conf, ALTER SYSTEM, the command line) and a database (ALTER DATABASE ...
+/// SET). A role's setting (ALTER ROLE ... SET), a client's startup option and a session's
+/// SET or set_config() are refused: the worker, connected as another role, would prune by
+/// another retention than the one that session reports (issue 11, finding 4). ALTER ROLE
+/// cannot be told from ALTER DATABASE when the value is checked (PGC_S_TEST), so a role's
+/// setting is refused when a session of that role applies it: a WARNING, and the server
+/// or database value stays.
+///
+/// Also warns when a retention under a minute is set (ALTER DATABASE ... SET, ALTER
+/// SYSTEM) or read from the configuration file by the postmaster; not again in every
 /// backend that applies the same value.
+///
+/// # Safety
+///
+/// Called only by guc.c, as the check hook of `dedup.retention`: `newval` points to the
+/// candidate value guc.c owns for the duration of the call; `_extra` is unused. The
+/// #[pg_guard] wrapper turns a Rust panic, or an ERROR caught at a pg_sys call inside
+/// (pstrdup out of memory), into a PostgreSQL ERROR raised from this frame, never an unwind
+/// into guc.c.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn check_retention(
     newval: *mut i32,
     _extra: *mut *mut std::ffi::c_void,
     source: pg_sys::GucSource::Type,
 ) -> bool {
+    use pg_sys::GucSource::*;
+    if matches!(
+        source,
+        PGC_S_USER | PGC_S_DATABASE_USER | PGC_S_CLIENT | PGC_S_SESSION
+    ) {
+        // SAFETY: GUC_check_errcode only stores the code. The strings are palloc'd in the
+        // current memory context: guc.c reads GUC_check_errdetail_string and
+        // GUC_check_errhint_string only in the ereport it makes right after this hook
+        // returns false (and resets them before the next hook call), and
+        // CurrentMemoryContext outlives that ereport. (guc.c's own GUC_check_errdetail()
+        // allocates in ErrorContext; any context alive until then does.) pstrdup copies our
+        // 'static C strings; its only ERROR, out of memory, is turned into a PostgreSQL
+        // ERROR by this function's #[pg_guard].
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE as i32);
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(
+            c"dedup.retention is set for the server (postgresql.conf, ALTER SYSTEM) or for a database (ALTER DATABASE ... SET), not for a role or a session: the background worker prunes by the value of the server and the database."
+                .as_ptr(),
+        );
+        pg_sys::GUC_check_errhint_string = pg_sys::pstrdup(
+            c"For a longer or shorter retention of some jobs, give their scope its own: SELECT dedup.set_retention(scope, interval)."
+                .as_ptr(),
+        );
+        return false;
+    }
     let interactive = source >= pg_sys::GucSource::PGC_S_INTERACTIVE;
+    // SAFETY (this line and the `*newval` reads below): IsUnderPostmaster is a plain global
+    // read; `newval` is guc.c's valid, aligned int for the duration of this call.
     let config_file = source == pg_sys::GucSource::PGC_S_FILE && !pg_sys::IsUnderPostmaster;
     let (shortest, what) = shortest_sensible_retention();
     if *newval < shortest && (interactive || config_file) {
@@ -199,10 +267,18 @@ unsafe extern "C-unwind" fn check_retention(
 #[cfg(any(feature = "pg13", feature = "pg14"))]
 fn reserve_prefix() {
     // MarkGUCPrefixReserved arrived in PostgreSQL 15.
+    // SAFETY: EmitWarningsOnPlaceholders only reads the 'static, NUL-terminated class name
+    // and ereports WARNINGs (no ERROR but out of memory, which the #[pg_guard] of _PG_init,
+    // our caller through init(), turns into a PostgreSQL ERROR).
     unsafe { pg_sys::EmitWarningsOnPlaceholders(c"dedup".as_ptr()) }
 }
 
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
 fn reserve_prefix() {
+    // SAFETY: MarkGUCPrefixReserved (guc.c) removes placeholders named dedup.* with a
+    // WARNING each and appends a pstrdup of the 'static, NUL-terminated name to
+    // reserved_class_prefix in TopMemoryContext, so nothing keeps our pointer. Its only ERROR
+    // is out of memory, turned into a PostgreSQL ERROR by the #[pg_guard] of _PG_init (our
+    // caller through init()).
     unsafe { pg_sys::MarkGUCPrefixReserved(c"dedup".as_ptr()) }
 }

@@ -52,6 +52,11 @@ fn set_result(
         error::leased(F);
     }
     let xmin = pg_sys::TransactionId::from(xmin.parse::<u32>().unwrap_or(0));
+    // SAFETY: TransactionIdIsCurrentTransactionId (xact.c) only reads this backend's
+    // transaction-state stack (or the parallel-xid array); it takes no pointer, allocates
+    // nothing and raises no ERROR, and returns false for InvalidTransactionId (an
+    // unparsable xmin). Called inside a transaction, in this #[pg_extern] function, whose
+    // pgrx wrapper would turn an ERROR into a PostgreSQL error all the same.
     if !unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) } {
         error::not_claimed_here(F);
     }

@@ -22,15 +22,29 @@ extension_sql_file!(
     requires = ["bootstrap"]
 );
 
+// 0.5.0: hardening (issue 11): leases done from their completion, prune_status.overdue,
+// YD001 for every caller. Runs after every earlier version's objects exist.
+extension_sql_file!(
+    "../sql/hardening.sql",
+    name = "hardening",
+    requires = ["stats"]
+);
+
 /// Called once per backend when the library is loaded (at the first call of one of
 /// our functions, or at server start with `shared_preload_libraries`).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     // pg_upgrade loads libraries to check them; nothing of ours must run then.
+    // SAFETY: a plain read of the backend-global `bool IsBinaryUpgrade` (globals.c), set at
+    // process start from the command line and never changed after; no call, no ERROR. This
+    // runs on the backend's (or postmaster's) only thread, inside this #[pg_guard] function.
     if unsafe { pg_sys::IsBinaryUpgrade } {
         return;
     }
     guc::init();
+    // SAFETY: a plain read of the global `bool process_shared_preload_libraries_in_progress`
+    // (miscinit.c), true only while the postmaster loads shared_preload_libraries; no call,
+    // no ERROR, on the process's only thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         worker::register_launcher();
         stats::request_shared_memory();

@@ -21,8 +21,50 @@ use std::time::{Duration, Instant};
 /// Blocks read per batch: 8 MB with 8 kB pages.
 pub const BLOCKS_PER_BATCH: u32 = 1024;
 
-/// The advisory lock that keeps two prunes of one database apart ('dedu', 1).
-pub const LOCK_KEY: (i32, i32) = (0x6465_6475, 1);
+/// The lock that keeps two prunes of one database apart: an advisory lock tag (database,
+/// 'dedu', 1) whose fourth field is 3. `pg_advisory_lock` and its kin only ever make tags
+/// with 1 (one bigint key) or 2 (two integer keys) there, so no SQL can take this lock or
+/// wait for it: only the worker and `dedup.prune()` (whose callers are privileged) do.
+/// `pg_locks` shows it as `advisory` with classid 1684366453, objid 1, objsubid 3.
+fn lock_tag() -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
+        // SAFETY: MyDatabaseId is set once the backend is connected, before any caller.
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+        locktag_field2: 0x6465_6475,
+        locktag_field3: 1,
+        locktag_field4: 3,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        // The user lock method, as every advisory lock: a session lock of it is released
+        // when its session ends (ShutdownPostgres), a transaction lock at the end of the
+        // transaction; a session lock of the default method would outlive the worker.
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+/// The worker's try for the prune lock, held for the session (until the worker exits).
+pub fn try_lock_for_session() -> bool {
+    let tag = lock_tag();
+    // SAFETY: LockAcquire with dontWait raises no error for a lock it cannot get; it can
+    // raise one for an out-of-memory lock table, which the caller's PgTry (in_transaction)
+    // catches. The tag is copied by the lock manager.
+    unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, true, true)
+            != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+    }
+}
+
+/// `dedup.prune()`'s wait for the prune lock, held until the caller's transaction ends.
+/// Waits as any lock does: `lock_timeout`, deadlock detection, cancellation.
+fn lock_for_transaction() {
+    let tag = lock_tag();
+    // SAFETY: a wait for a heavyweight lock, inside the caller's transaction (its resource
+    // owner holds the lock); errors (timeout, deadlock, cancel) are raised through pgrx's
+    // guard on the frame of the #[pg_extern] dedup.prune(), our only caller. The tag is a
+    // local the lock manager copies (into its local and shared lock tables).
+    unsafe {
+        pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false);
+    }
+}
 
 const FUNC: &str = "dedup.prune";
 
@@ -58,6 +100,9 @@ struct Cutoffs {
 impl Cutoffs {
     /// Read the retentions in force now (inside a transaction).
     fn load() -> Cutoffs {
+        // SAFETY: GetCurrentTransactionStartTimestamp only returns the backend-global
+        // xactStartTimestamp (no ERROR), through pgrx's guarded binding; we are inside a
+        // transaction (dedup.prune()'s, or in_transaction's), on the main thread.
         let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
         let global = now - i64::from(guc::RETENTION.get()) * 1_000_000;
         let scopes = Spi::connect(|c| {
@@ -90,8 +135,14 @@ impl Cutoffs {
 
 /// The claim table's size in blocks now.
 fn table_blocks() -> u32 {
+    // SAFETY: called inside a transaction, under pgrx's guard (the #[pg_extern]
+    // dedup.prune(), or in_transaction's PgTry in the worker), as open_processed and
+    // check_layout require; their ERRORs and RelationGetNumberOfBlocksInFork's (an smgr
+    // I/O error) unwind to that guard. `rel` is open from open_processed to table_close;
+    // NoLock keeps the RowExclusiveLock until the transaction ends.
     unsafe {
         let rel = claim::open_processed();
+        claim::check_layout(rel);
         let n = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
         pg_sys::table_close(rel, pg_sys::NoLock as _);
         n
@@ -99,17 +150,42 @@ fn table_blocks() -> u32 {
 }
 
 /// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`,
-/// and the claim table's layout.
+/// and the claim table's layout. The range is cut to the table's size now: VACUUM may have
+/// truncated it since the pass began (None: the range starts past the end).
+///
+/// # Safety
+///
+/// Call inside a transaction, on the backend's main thread, under pgrx's guard (the
+/// #[pg_extern] dedup.prune(), or in_transaction's PgTry): ERRORs of the calls below (the
+/// lock wait in open_processed, I/O while scanning, out of memory) and the Rust panics of
+/// check_layout and `expect` unwind to it, and the abort then releases what this function
+/// did not (the relation reference, the scan's buffer pins and the registered snapshot,
+/// through the resource owner).
 unsafe fn expired_in_range(
     start: u32,
     count: u32,
     scope: Option<&str>,
     cutoffs: &Cutoffs,
     limit: usize,
-) -> (Vec<pg_sys::ItemPointerData>, claim::Layout) {
+) -> Option<(Vec<pg_sys::ItemPointerData>, claim::Layout)> {
+    // SAFETY: `rel` is open (RowExclusiveLock) from open_processed until one of the
+    // table_close calls below; check_layout verified it is a heap table, which
+    // heap_setscanlimits below requires (it casts the scan to a HeapScanDesc).
     let rel = claim::open_processed();
     let layout = claim::check_layout(rel);
+    let blocks = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
+    if start >= blocks {
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        return None;
+    }
+    let count = count.min(blocks - start);
     let leases = layout == claim::Layout::Leases;
+    // SAFETY: RegisterSnapshot copies the transaction snapshot (if it is the static one)
+    // and registers it with CurrentResourceOwner, so it stays valid until the
+    // UnregisterSnapshot below, whatever GetTransactionSnapshot is called for meanwhile.
+    // The scan (allocated in CurrentMemoryContext) uses it until table_endscan;
+    // heap_setscanlimits is called before the first fetch, as it must be; the slot is a
+    // standalone slot in CurrentMemoryContext, valid until ExecDropSingleTupleTableSlot.
     let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
     // allow_strat: a bulk-read ring when the table is larger than a quarter of
     // shared_buffers; allow_sync: no, we scan a fixed range.
@@ -117,6 +193,12 @@ unsafe fn expired_in_range(
     pg_sys::heap_setscanlimits(scan, start, count);
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     let mut tids = Vec::new();
+    // SAFETY (the loop): each table_scan_getnextslot stores the next visible tuple in the
+    // slot with its buffer pinned, until the next fetch. slot_getattr deforms it: the
+    // attribute numbers exist in both layouts (LEASE_EXPIRES_AT read only for Leases);
+    // processed_at and lease_expires_at are by-value timestamps; the scope &str borrows the
+    // pinned page (or a detoasted copy in CurrentMemoryContext) and is dropped before the
+    // next fetch. tts_tid is a plain copy.
     while tids.len() < limit
         && pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
     {
@@ -137,14 +219,21 @@ unsafe fn expired_in_range(
         }
         tids.push((*slot).tts_tid);
     }
+    // SAFETY: teardown of what was made above, each still valid and used no more: the slot
+    // (releasing its pin), the scan, the snapshot registration, and the relcache reference
+    // (NoLock: the RowExclusiveLock stays until the transaction ends).
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::table_endscan(scan);
     pg_sys::UnregisterSnapshot(snapshot);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
-    (tids, layout)
+    Some((tids, layout))
 }
 
 /// Delete the claims at `tids` that are still expired; count them per scope.
+///
+/// A row another transaction has locked (a lease being taken over, extended or completed
+/// in a transaction still open) is skipped, not waited for: the next pass gets it, and no
+/// open transaction anywhere holds up a pass (issue 11, finding 2).
 fn delete_expired(
     tids: Vec<pg_sys::ItemPointerData>,
     layout: claim::Layout,
@@ -159,15 +248,19 @@ fn delete_expired(
         }
     };
     let query = format!(
-        "DELETE FROM dedup.processed AS p \
-         WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
-           AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                 (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
-                    FROM dedup.scope_retention AS r \
-                   WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
-                 pg_catalog.now() OPERATOR(pg_catalog.-) \
-                   pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
-           {leases} \
+        "WITH expired AS ( \
+             SELECT p.ctid FROM dedup.processed AS p \
+              WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+                AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
+                      (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                         FROM dedup.scope_retention AS r \
+                        WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
+                      pg_catalog.now() OPERATOR(pg_catalog.-) \
+                        pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
+                {leases} \
+              FOR UPDATE OF p SKIP LOCKED) \
+         DELETE FROM dedup.processed AS p \
+          WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
          RETURNING p.scope"
     );
     let args = [
@@ -187,21 +280,46 @@ fn delete_expired(
     .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))
 }
 
-/// One batch, inside a transaction: returns how many it deleted and whether the block range
-/// may hold more expired claims (the batch stopped at its row limit).
-fn batch(start: u32, count: u32, scope: Option<&str>, limit: usize, pass: &mut Pass) -> bool {
+/// What a batch found.
+#[derive(PartialEq, Eq)]
+enum Batch {
+    /// It stopped at its row limit: the block range may hold more expired claims.
+    Full,
+    /// It read the whole range.
+    Done,
+    /// The range starts past the table's end (VACUUM truncated it): the pass is over.
+    PastTheEnd,
+}
+
+/// One batch, inside a transaction; adds what it deleted to `pass`.
+fn batch(start: u32, count: u32, scope: Option<&str>, limit: usize, pass: &mut Pass) -> Batch {
     let cutoffs = Cutoffs::load();
-    let (tids, layout) = unsafe { expired_in_range(start, count, scope, &cutoffs, limit) };
+    // SAFETY: inside a transaction with a snapshot (in_transaction, or the caller's); the
+    // function's errors are raised through the guard of the #[pg_extern] or in_transaction.
+    let Some((tids, layout)) = (unsafe { expired_in_range(start, count, scope, &cutoffs, limit) })
+    else {
+        return Batch::PastTheEnd;
+    };
     let full = tids.len() == limit;
     if !tids.is_empty() {
         pass.deleted += delete_expired(tids, layout, &mut pass.per_scope);
     }
-    full
+    if full {
+        Batch::Full
+    } else {
+        Batch::Done
+    }
 }
 
 /// Run `f` in a transaction of its own; on an error, abort the transaction and return the
 /// error's message (the worker's way of carrying on after an error).
 pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    // SAFETY: called by the worker and the launcher outside any transaction, on their main
+    // thread, from their #[pg_guard] main functions. StartTransactionCommand starts one;
+    // PushActiveSnapshot copies the static transaction snapshot into TopTransactionContext
+    // and keeps it active until PopActiveSnapshot below (or the abort). An ERROR here
+    // (out of memory) is outside the PgTry below: it unwinds to the main function's
+    // #[pg_guard], which raises it, ending the worker (proc_exit aborts the transaction).
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -219,6 +337,13 @@ pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
             })
         })
         .execute();
+    // SAFETY: on success, the snapshot pushed above is still the active one (f() leaves
+    // the stack as it found it) and is popped before CommitTransactionCommand, which can
+    // raise an ERROR (a deferred trigger or constraint, a WAL write failure) that,
+    // outside the PgTry, unwinds to the main function's #[pg_guard] and ends the worker.
+    // On an error, the PgTry has already turned it into Err (pgrx flushed PostgreSQL's
+    // error state), and AbortCurrentTransaction releases everything f() held: locks,
+    // buffer pins, relcache references, snapshots, LWLocks and the transaction's memory.
     unsafe {
         if result.is_ok() {
             pg_sys::PopActiveSnapshot();
@@ -252,7 +377,7 @@ pub fn run_pass(
             None => batch_size,
         } as usize;
         let count = BLOCKS_PER_BATCH.min(blocks - start);
-        let full = match transactions {
+        let found = match transactions {
             Transactions::Caller => {
                 pg_sys::check_for_interrupts!();
                 batch(start, count, scope, limit, &mut pass)
@@ -262,15 +387,17 @@ pub fn run_pass(
                     break;
                 }
                 let before = pass.deleted;
-                let full = in_transaction(|| batch(start, count, scope, limit, &mut pass))?;
+                let found = in_transaction(|| batch(start, count, scope, limit, &mut pass))?;
                 if pass.deleted > before {
                     pause();
                 }
-                full
+                found
             }
         };
-        if !full {
-            start += count;
+        match found {
+            Batch::Full => {}
+            Batch::Done => start += count,
+            Batch::PastTheEnd => break,
         }
     }
     pass.elapsed = started.elapsed();
@@ -327,7 +454,8 @@ pub fn record_failure(message: &str) -> i32 {
 /// row: one interval, two, four, ... at most 64 intervals.
 pub fn backing_off(interval: Duration) -> bool {
     let row = Spi::get_two::<i32, TimestampWithTimeZone>(
-        "SELECT consecutive_failures, last_error_at FROM dedup._prune_status WHERE scope = ''",
+        "SELECT s.consecutive_failures, s.last_error_at FROM dedup._prune_status AS s \
+          WHERE s.scope OPERATOR(pg_catalog.=) ''",
     );
     let Ok((Some(failures), Some(at))) = row else {
         return false;
@@ -336,11 +464,17 @@ pub fn backing_off(interval: Duration) -> bool {
         return false;
     }
     let wait = interval.as_micros() as i64 * (1i64 << (failures - 1).min(6));
+    // SAFETY: GetCurrentTransactionStartTimestamp only returns the backend-global
+    // xactStartTimestamp (no ERROR); called inside in_transaction, on the main thread.
     let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     now < pg_sys::TimestampTz::from(at) + wait
 }
 
 fn check_writable() {
+    // SAFETY: RecoveryInProgress goes through pgrx's guarded binding (it reads the shared
+    // recovery state, no ERROR); XactReadOnly is a plain read of a backend-global bool. The
+    // caller is the #[pg_extern] dedup.prune(), whose wrapper turns error::*'s panics into
+    // ERRORs.
     unsafe {
         if pg_sys::RecoveryInProgress() {
             error::on_standby(FUNC);
@@ -365,16 +499,13 @@ fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, 
         error::warn_short_retention("dedup.retention", i64::from(retention), shortest, what);
     }
     // Waits for a running prune of this database (the worker's, or another session's).
-    Spi::run_with_args(
-        "SELECT pg_catalog.pg_advisory_xact_lock($1, $2)",
-        &[
-            DatumWithOid::from(LOCK_KEY.0),
-            DatumWithOid::from(LOCK_KEY.1),
-        ],
-    )
-    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+    lock_for_transaction();
     let pass =
         run_pass(scope, max_rows, &Transactions::Caller).expect("errors are raised, not returned");
+    // SAFETY: GetSessionUserId reads a backend-global (an Assert only);
+    // GetUserNameFromId(noerr = false) raises an ERROR for a role that no longer exists,
+    // through this #[pg_extern]'s guard, and otherwise returns a NUL-terminated name
+    // pstrdup'd in CurrentMemoryContext, valid for this call and copied out at once.
     let by = unsafe {
         std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetSessionUserId(), false))
             .to_string_lossy()
@@ -418,11 +549,25 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
             what,
         );
     }
+    // The caller: the role in effect outside this SECURITY DEFINER function (the session
+    // user, or the role of SET ROLE), not the function's owner.
+    let by = unsafe {
+        // SAFETY: GetOuterUserId reads a global; GetUserNameFromId(noerr = false) raises an
+        // error for a dropped role, through this #[pg_extern]'s guard; the name is palloc'd
+        // in the current memory context and copied out at once.
+        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetOuterUserId(), false))
+            .to_string_lossy()
+            .into_owned()
+    };
     Spi::run_with_args(
-        "INSERT INTO dedup.scope_retention (scope, retention) VALUES ($1, $2) \
+        "INSERT INTO dedup.scope_retention (scope, retention, set_by) VALUES ($1, $2, $3) \
          ON CONFLICT (scope) DO UPDATE SET retention = excluded.retention, \
              set_at = excluded.set_at, set_by = excluded.set_by",
-        &[DatumWithOid::from(scope), DatumWithOid::from(retention)],
+        &[
+            DatumWithOid::from(scope),
+            DatumWithOid::from(retention),
+            DatumWithOid::from(by.as_str()),
+        ],
     )
     .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
 }

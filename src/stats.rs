@@ -5,13 +5,17 @@
 //! table of at most `dedup.stats_max` entries, keyed by database, scope and consumer. A
 //! backend looks an entry up once, under a shared lock, and keeps its address; after that a
 //! claim updates the entry's counters with atomic additions, without any lock. The table's
-//! lock is taken exclusively only to add an entry (evicting the least recently used one when
-//! full) or to reset. Every entry carries a generation number that changes when its slot is
-//! reused, so a backend never counts into an entry that was evicted under it (except in the
-//! instant between its check and its addition: a miscount of one, under eviction churn).
+//! lock is taken exclusively only to add an entry or to reset. When the table is full, a
+//! new combination is counted in the overflow entry (made at server start, shown as the
+//! scope `(overflow)`): nothing is evicted, so a role inventing scope or consumer names can
+//! neither push other consumers' counters out nor make a lookup scan the table. Every entry
+//! carries a generation number that changes when a reset removes it, so a backend never
+//! counts into an entry removed under it (except in the instant between its check and its
+//! addition: a miscount of one, during a reset).
 //!
-//! The table is written to `pg_stat/dedup.stat` when the server shuts down cleanly and read
-//! back at start, as pg_stat_statements does.
+//! The table is written to `pg_stat/dedup.stat` when the server shuts down cleanly (fsynced,
+//! then renamed into place, with a checksum) and read back at start, as pg_stat_statements
+//! does; a file that is torn, altered or of another layout is refused whole.
 use crate::error;
 use crate::guc;
 use pgrx::datum::TimestampWithTimeZone;
@@ -26,7 +30,11 @@ const MAX_CONSUMER: usize = 63;
 const STAT_FILE: &str = "pg_stat/dedup.stat";
 const STAT_FILE_TMP: &str = "pg_stat/dedup.stat.tmp";
 const FILE_MAGIC: u32 = 0x4445_4455; // "DEDU"
-const FILE_VERSION: u32 = 1;
+/// 1: 0.4.0 (no layout, no checksum); 2: 0.5.0.
+const FILE_VERSION: u32 = 2;
+/// The scope the overflow entry is shown under (a claim's scope is never empty, so the
+/// entry's key, with an empty scope, is no real combination's).
+pub const OVERFLOW_SCOPE: &str = "(overflow)";
 
 /// What a claim or lease call found, for counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +50,12 @@ pub enum Event {
     FingerprintMismatch,
 }
 
+/// The consumer's field: a name of at most [`MAX_CONSUMER`] bytes and one zero byte, which
+/// makes the key 200 bytes with no padding.
+const CONSUMER_FIELD: usize = MAX_CONSUMER + 1;
+
+/// The hash key. The shared table hashes and compares its bytes (`HASH_BLOBS`), so every
+/// byte must be one that [`Key::new`] wrote: the struct has no padding (checked below).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Key {
@@ -49,8 +63,14 @@ struct Key {
     scope_len: u16,
     consumer_len: u16,
     scope: [u8; MAX_SCOPE],
-    consumer: [u8; MAX_CONSUMER],
+    consumer: [u8; CONSUMER_FIELD],
 }
+
+const _: () = assert!(
+    std::mem::size_of::<Key>()
+        == std::mem::size_of::<pg_sys::Oid>() + 2 + 2 + MAX_SCOPE + CONSUMER_FIELD,
+    "stats::Key must have no padding: its bytes are hashed"
+);
 
 impl Key {
     fn new(dbid: pg_sys::Oid, scope: &str, consumer: &str) -> Key {
@@ -59,7 +79,7 @@ impl Key {
             scope_len: 0,
             consumer_len: 0,
             scope: [0; MAX_SCOPE],
-            consumer: [0; MAX_CONSUMER],
+            consumer: [0; CONSUMER_FIELD],
         };
         let s = &scope.as_bytes()[..scope.len().min(MAX_SCOPE)];
         let c = truncate_utf8(consumer, MAX_CONSUMER).as_bytes();
@@ -105,7 +125,7 @@ struct Entry {
     /// Timestamps (microseconds since 2000-01-01, as timestamptz); 0 = never.
     last_claim_at: AtomicU64,
     last_duplicate_at: AtomicU64,
-    /// The last fingerprint mismatch: with the two above, what eviction goes by.
+    /// The last fingerprint mismatch.
     last_used_at: AtomicU64,
 }
 
@@ -114,8 +134,11 @@ struct Entry {
 struct Shared {
     lock: *mut pg_sys::LWLock,
     next_generation: AtomicU64,
-    evictions: AtomicU64,
+    /// Calls counted in the overflow entry.
+    overflowed: AtomicU64,
     reset_at: AtomicU64,
+    /// The entry that counts the combinations that found the table full.
+    overflow: *mut Entry,
 }
 
 static mut SHARED: *mut Shared = std::ptr::null_mut();
@@ -125,6 +148,9 @@ static mut PREV_SHMEM_STARTUP: pg_sys::shmem_startup_hook_type = None;
 
 /// Is counting possible here (the library was preloaded and the shared memory exists)?
 pub fn available() -> bool {
+    // SAFETY: SHARED is written only by shmem_startup in the postmaster (before any backend
+    // is forked, which inherits it) and read here by value through a raw pointer, on the
+    // process's only thread: no reference to the static mut is made.
     unsafe { !std::ptr::addr_of!(SHARED).read().is_null() }
 }
 
@@ -132,13 +158,26 @@ fn max_entries() -> i64 {
     i64::from(guc::STATS_MAX.get())
 }
 
+/// # Safety
+///
+/// Call on the postmaster's thread while it sizes shared memory (from shmem_request, or
+/// _PG_init before PostgreSQL 15), under a #[pg_guard]: hash_estimate_size only computes,
+/// and add_size raises an ERROR on size_t overflow, which that guard re-raises.
 unsafe fn shmem_size() -> usize {
+    // SAFETY: the contract above; both calls take sizes by value and no pointer.
     let hash = pg_sys::hash_estimate_size(max_entries(), std::mem::size_of::<Entry>());
     pg_sys::add_size(hash, std::mem::size_of::<Shared>())
 }
 
 /// Ask for the shared memory (from `_PG_init`, while preloading).
 pub fn request_shared_memory() {
+    // SAFETY: called once, from _PG_init (a #[pg_guard] function) in the postmaster while
+    // shared_preload_libraries loads, on its only thread, before any backend exists: the
+    // hook variables (PostgreSQL globals) and our PREV_* statics are read and written with
+    // no concurrent access. The previous hooks are saved and chained by ours. Before
+    // PostgreSQL 15, RequestAddinShmemSpace and RequestNamedLWLockTranche are honoured only
+    // here (elsewhere they are silently ignored); shmem_size's add_size ERROR goes through
+    // the guard of _PG_init.
     unsafe {
         #[cfg(any(feature = "pg13", feature = "pg14"))]
         {
@@ -155,9 +194,19 @@ pub fn request_shared_memory() {
     }
 }
 
+/// # Safety
+///
+/// Called only by PostgreSQL, as shmem_request_hook, once in the postmaster (on its only
+/// thread) while it sizes shared memory. The #[pg_guard] turns an ERROR (add_size's
+/// overflow) or a panic into a PostgreSQL ERROR raised from this frame (fatal this early
+/// in the postmaster), never an unwind into C.
 #[cfg(not(any(feature = "pg13", feature = "pg14")))]
 #[pg_guard]
 unsafe extern "C-unwind" fn shmem_request() {
+    // SAFETY: PREV_SHMEM_REQUEST is read by value, written only by request_shared_memory
+    // before this hook can run; the previous hook is a valid C function pointer (or None).
+    // RequestAddinShmemSpace and RequestNamedLWLockTranche only record the request (the
+    // latter copies the tranche name); both are allowed here, inside shmem_request_hook.
     if let Some(prev) = PREV_SHMEM_REQUEST {
         prev();
     }
@@ -165,12 +214,29 @@ unsafe extern "C-unwind" fn shmem_request() {
     pg_sys::RequestNamedLWLockTranche(c"dedup".as_ptr(), 1);
 }
 
+/// # Safety
+///
+/// Called only by PostgreSQL, as shmem_startup_hook, after the shared memory segment was
+/// made: in the postmaster (on its only thread) at start and at each crash restart, and in
+/// each child under EXEC_BACKEND. The #[pg_guard] turns an ERROR (out of shared memory in
+/// ShmemInitStruct, ShmemInitHash or hash_search, an unregistered tranche) or a panic into
+/// a PostgreSQL ERROR raised from this frame (fatal at postmaster start), never an unwind
+/// into C.
 #[pg_guard]
 unsafe extern "C-unwind" fn shmem_startup() {
+    // SAFETY: PREV_SHMEM_STARTUP is read by value, written only before this hook can run;
+    // the previous hook is a valid C function pointer (or None).
     if let Some(prev) = PREV_SHMEM_STARTUP {
         prev();
     }
     // AddinShmemInitLock (lwlocknames.h): index 21 of the main LWLock array.
+    // SAFETY: MainLWLockArray is in shared memory, made before this hook runs, and index
+    // 21 is AddinShmemInitLock (lwlocknames.h of PostgreSQL 15, lwlocklist.h from 17);
+    // the lock serialises ShmemInitStruct and ShmemInitHash with other modules' startup
+    // hooks, as PostgreSQL requires, and is released below (on an ERROR, the process ends
+    // or LWLockReleaseAll runs). ShmemInitStruct returns the named struct in shared memory,
+    // MAXALIGNed, valid for the life of the postmaster (and its children); `found` says
+    // whether it was made already (then it is already initialised: never rewritten).
     let addin_lock = std::ptr::addr_of_mut!((*pg_sys::MainLWLockArray.add(21)).lock);
     pg_sys::LWLockAcquire(addin_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
     let mut found = false;
@@ -180,12 +246,17 @@ unsafe extern "C-unwind" fn shmem_startup() {
         &mut found,
     )
     .cast::<Shared>();
+    // SAFETY: on first creation the struct's memory is uninitialised and written whole with
+    // `write` (no drop of garbage). GetNamedLWLockTranche returns the tranche requested in
+    // shmem_request (an ERROR if not), an array in shared memory; we keep a pointer to its
+    // first lock. GetCurrentTimestamp only reads the clock.
     if !found {
         shared.write(Shared {
             lock: std::ptr::addr_of_mut!((*pg_sys::GetNamedLWLockTranche(c"dedup".as_ptr())).lock),
             next_generation: AtomicU64::new(1),
-            evictions: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
             reset_at: AtomicU64::new(pg_sys::GetCurrentTimestamp() as u64),
+            overflow: std::ptr::null_mut(),
         });
     }
     let mut info = pg_sys::HASHCTL {
@@ -193,6 +264,11 @@ unsafe extern "C-unwind" fn shmem_startup() {
         entrysize: std::mem::size_of::<Entry>(),
         ..Default::default()
     };
+    // SAFETY: ShmemInitHash makes (or attaches to) the named table in shared memory, with
+    // max_entries() entries preallocated (init_size = max_size), keys of size_of::<Key>()
+    // compared as bytes (HASH_BLOBS) and entries of size_of::<Entry>(); `info` is read
+    // during the call only. The HTAB header it returns lives in TopMemoryContext of this
+    // process (inherited by forked backends), for the life of the process.
     let hash = pg_sys::ShmemInitHash(
         c"dedup stats hash".as_ptr(),
         max_entries(),
@@ -200,6 +276,29 @@ unsafe extern "C-unwind" fn shmem_startup() {
         &mut info,
         (pg_sys::HASH_ELEM | pg_sys::HASH_BLOBS) as i32,
     );
+    if !found {
+        // The overflow entry takes its slot first, so it always has one.
+        // SAFETY: hash_search(HASH_ENTER) copies the key's bytes (a fully written Key, no
+        // padding) into a fresh entry of the empty, preallocated table (so no "out of shared
+        // memory" ERROR) and returns it, MAXALIGNed, the key first as Entry's repr(C) layout
+        // has it; init_entry writes the rest. No backend exists yet to race with.
+        let key = overflow_key();
+        let mut entered = false;
+        let e = pg_sys::hash_search(
+            hash,
+            (&key as *const Key).cast(),
+            pg_sys::HASHACTION::HASH_ENTER,
+            &mut entered,
+        )
+        .cast::<Entry>();
+        init_entry(e, (*shared).next_generation.fetch_add(1, Ordering::Relaxed));
+        (*shared).overflow = e;
+    }
+    // SAFETY: SHARED and HASH are this process's statics, written here on its only thread
+    // before any backend is forked (children inherit them). on_shmem_exit keeps the
+    // function pointer (out of slots, it raises a FATAL, which ends the postmaster); its
+    // callbacks run once at shmem_exit, which also empties the list, so a crash restart
+    // registers it anew. read_file runs in the postmaster before any backend exists.
     pg_sys::LWLockRelease(addin_lock);
     SHARED = shared;
     HASH = hash;
@@ -212,6 +311,10 @@ unsafe extern "C-unwind" fn shmem_startup() {
     }
 }
 
+fn overflow_key() -> Key {
+    Key::new(pg_sys::InvalidOid, "", "")
+}
+
 /// Backend-local: the entry this backend counted into last, and its generation.
 struct Cached {
     key: Key,
@@ -222,7 +325,17 @@ static mut LAST: Option<Cached> = None;
 
 /// The consumer's name as the session has it: `dedup.consumer`, else `application_name`.
 /// Borrowed from the settings' own storage: counting allocates nothing.
+///
+/// # Safety
+///
+/// The returned &str borrows guc.c's current value of `dedup.consumer` or
+/// `application_name` (guc_strdup'd memory, freed when the setting is next assigned): use
+/// it only before anything can assign a setting (a SET, a config reload, the end of a
+/// transaction that set one), as count() does, and on the backend's main thread.
 unsafe fn consumer_name<'a>() -> &'a str {
+    // SAFETY: CONSUMER.as_ptr() is the address of the `char *` guc.c assigns (registered
+    // with DefineCustomStringVariable); it and application_name are NULL or NUL-terminated
+    // strings owned by guc.c (see the contract above). No call is made: no ERROR.
     let own = *guc::CONSUMER.as_ptr();
     let p = if !own.is_null() && *own != 0 {
         own
@@ -249,6 +362,15 @@ pub fn count(scope: &str, event: Event) {
     if !available() || !guc::TRACK_STATS.get() {
         return;
     }
+    // SAFETY: on the backend's main thread, inside a #[pg_extern] (try_claim's,
+    // dedup._count), with SHARED and HASH set (available()). MyDatabaseId is a global read.
+    // consumer_name's &str is used (and copied into a Key) before any setting can change.
+    // LAST is backend-local: the &mut to it is the only one while it lives (nothing below
+    // calls count() again). A cached entry pointer stays in mapped shared memory for the
+    // postmaster's life, even if a reset removed the entry: its generation is read
+    // atomically and compared before it is used, and find_or_add otherwise returns a live
+    // entry; the counters are atomics, shared across processes with no lock.
+    // GetCurrentTransactionStartTimestamp only returns a global (no ERROR).
     unsafe {
         let dbid = pg_sys::MyDatabaseId;
         let consumer = consumer_name();
@@ -274,6 +396,9 @@ pub fn count(scope: &str, event: Event) {
             }
         };
         let now = pg_sys::GetCurrentTransactionStartTimestamp() as u64;
+        if entry == (*SHARED).overflow {
+            (*SHARED).overflowed.fetch_add(1, Ordering::Relaxed);
+        }
         let e = &*entry;
         match event {
             Event::Claim => {
@@ -296,9 +421,23 @@ pub fn count(scope: &str, event: Event) {
     }
 }
 
-/// The entry for `key` and its generation, added if missing (evicting the least recently
-/// used entry when the table is full).
+/// The entry for `key` and its generation, added if missing; the overflow entry when the
+/// table is full. One hash lookup, or two and an insertion: never a scan.
+///
+/// # Safety
+///
+/// SHARED and HASH must be set (available()), on the backend's main thread, under pgrx's
+/// guard (LWLockAcquire raises an ERROR only when too many LWLocks are held; the abort's
+/// LWLockReleaseAll would release ours). The entry returned points into shared memory,
+/// mapped for the postmaster's life; it is counted into only while its generation matches.
 unsafe fn find_or_add(key: &Key) -> Option<(*mut Entry, u64)> {
+    // SAFETY: `shared` is a shared reference to the Shared struct in shared memory: its
+    // `lock` and `overflow` fields are written only in shmem_startup, the others are
+    // atomics. Every hash_search is made with the table's lock held (shared for
+    // HASH_FIND, exclusive to insert), `key` is a full Key read during the call only;
+    // HASH_ENTER_NULL returns NULL instead of raising an ERROR when no entry is free, and
+    // the entry count is checked against max_entries() first. init_entry runs with the
+    // lock held exclusively on an entry just made.
     let shared = &*SHARED;
     pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_SHARED);
     let mut found = false;
@@ -325,10 +464,7 @@ unsafe fn find_or_add(key: &Key) -> Option<(*mut Entry, u64)> {
         &mut found,
     )
     .cast::<Entry>();
-    if e.is_null() {
-        if pg_sys::hash_get_num_entries(HASH) >= max_entries() {
-            evict_least_recently_used();
-        }
+    if e.is_null() && pg_sys::hash_get_num_entries(HASH) < max_entries() {
         e = pg_sys::hash_search(
             HASH,
             (key as *const Key).cast(),
@@ -340,29 +476,52 @@ unsafe fn find_or_add(key: &Key) -> Option<(*mut Entry, u64)> {
             init_entry(e, shared.next_generation.fetch_add(1, Ordering::Relaxed));
         }
     }
+    if e.is_null() {
+        e = shared.overflow;
+    }
     let result = (!e.is_null()).then(|| (e, (*e).generation.load(Ordering::Acquire)));
     pg_sys::LWLockRelease(shared.lock);
     result
 }
 
+/// # Safety
+///
+/// `e` points to an Entry in the shared hash table (its key already copied in by
+/// hash_search), and the table's lock is held exclusively (or no other process exists
+/// yet). The fields are set with atomic stores, never plain writes: a backend that checked
+/// this entry's generation just before a reset may still be adding to a counter of the
+/// overflow entry (or of a slot reused after HASH_REMOVE) while it is rewritten (the
+/// miscount of one the module documentation accepts), and an atomic store racing atomic
+/// additions is defined behaviour where a plain write is not. The generation is stored
+/// last, with Release: whoever sees it sees the zeroed counters.
 unsafe fn init_entry(e: *mut Entry, generation: u64) {
-    // The key was copied in by hash_search; the rest is ours.
-    std::ptr::addr_of_mut!((*e).generation).write(AtomicU64::new(generation));
+    // SAFETY: the contract above. AtomicU64 has no invalid bit patterns, so a slot's bytes
+    // (initialised or not by a previous user) are a valid AtomicU64 to store into; the
+    // references live only for the store.
     for f in [
-        std::ptr::addr_of_mut!((*e).claims),
-        std::ptr::addr_of_mut!((*e).duplicates),
-        std::ptr::addr_of_mut!((*e).busy),
-        std::ptr::addr_of_mut!((*e).mismatches),
-        std::ptr::addr_of_mut!((*e).last_claim_at),
-        std::ptr::addr_of_mut!((*e).last_duplicate_at),
-        std::ptr::addr_of_mut!((*e).last_used_at),
+        std::ptr::addr_of!((*e).claims),
+        std::ptr::addr_of!((*e).duplicates),
+        std::ptr::addr_of!((*e).busy),
+        std::ptr::addr_of!((*e).mismatches),
+        std::ptr::addr_of!((*e).last_claim_at),
+        std::ptr::addr_of!((*e).last_duplicate_at),
+        std::ptr::addr_of!((*e).last_used_at),
     ] {
-        f.write(AtomicU64::new(0));
+        (*f).store(0, Ordering::Relaxed);
     }
+    (*std::ptr::addr_of!((*e).generation)).store(generation, Ordering::Release);
 }
 
 /// Every entry (call with the lock held).
+///
+/// # Safety
+///
+/// HASH must be set, and the table's lock held (shared or exclusive), or no other process
+/// may run (the postmaster at exit), so that no entry is added or removed during the scan.
+/// The scan runs to its end (hash_seq_search returns NULL), which deregisters it; the
+/// pointers returned are valid while the lock is held.
 unsafe fn entries() -> Vec<*mut Entry> {
+    // SAFETY: the contract above; `status` is a local that lives through the scan.
     let mut status = pg_sys::HASH_SEQ_STATUS::default();
     pg_sys::hash_seq_init(&mut status, HASH);
     let mut all = Vec::new();
@@ -377,8 +536,18 @@ unsafe fn entries() -> Vec<*mut Entry> {
 }
 
 /// Remove an entry (call with the lock held exclusively): its generation changes first, so
-/// backends that cached it look it up again.
+/// backends that cached it look it up again. The overflow entry stays, its counters zeroed.
+///
+/// # Safety
+///
+/// `e` is a live entry of the table (from entries()), SHARED and HASH are set, and the
+/// table's lock is held exclusively. The key is copied out before HASH_REMOVE puts the
+/// entry on the free list; `e` must not be used after this call.
 unsafe fn remove(e: *mut Entry) {
+    if e == (*SHARED).overflow {
+        init_entry(e, (*SHARED).next_generation.fetch_add(1, Ordering::Relaxed));
+        return;
+    }
     (*e).generation.store(0, Ordering::Release);
     let key = (*e).key;
     let mut found = false;
@@ -388,22 +557,6 @@ unsafe fn remove(e: *mut Entry) {
         pg_sys::HASHACTION::HASH_REMOVE,
         &mut found,
     );
-}
-
-unsafe fn evict_least_recently_used() {
-    // Least recently used: by the latest of its three times.
-    let last_used = |e: &Entry| {
-        [&e.last_claim_at, &e.last_duplicate_at, &e.last_used_at]
-            .iter()
-            .map(|t| t.load(Ordering::Relaxed))
-            .max()
-            .unwrap_or(0)
-    };
-    let victim = entries().into_iter().min_by_key(|e| last_used(&**e));
-    if let Some(e) = victim {
-        remove(e);
-        (*SHARED).evictions.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 /// A snapshot of one entry, for the view.
@@ -425,6 +578,11 @@ fn ts(v: u64) -> Option<i64> {
 
 /// Every entry, copied out under the shared lock.
 pub fn rows() -> Vec<Row> {
+    // SAFETY: called only when available() (SHARED and HASH set), from a #[pg_extern], on
+    // the backend's main thread. The shared lock keeps every entry in place while
+    // entries() scans and the keys are copied (a key is written only when an entry is
+    // added, under the exclusive lock); the counters are atomics. LWLockAcquire raises an
+    // ERROR only when too many LWLocks are held; String allocation failure would abort.
     unsafe {
         let shared = &*SHARED;
         pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_SHARED);
@@ -434,7 +592,11 @@ pub fn rows() -> Vec<Row> {
                 let e = &*e;
                 Row {
                     dbid: e.key.dbid,
-                    scope: e.key.scope().to_string(),
+                    scope: if e.key.scope_len == 0 {
+                        OVERFLOW_SCOPE.to_string()
+                    } else {
+                        e.key.scope().to_string()
+                    },
                     consumer: e.key.consumer().to_string(),
                     claims: e.claims.load(Ordering::Relaxed) as i64,
                     duplicates: e.duplicates.load(Ordering::Relaxed) as i64,
@@ -444,14 +606,21 @@ pub fn rows() -> Vec<Row> {
                     last_duplicate_at: ts(e.last_duplicate_at.load(Ordering::Relaxed)),
                 }
             })
+            .filter(|r: &Row| {
+                // The overflow entry, once it has counted something.
+                r.dbid != pg_sys::InvalidOid || r.claims + r.duplicates + r.busy + r.mismatches > 0
+            })
             .collect();
         pg_sys::LWLockRelease(shared.lock);
         rows
     }
 }
 
-/// (entries, evictions, reset_at)
+/// (entries, overflowed, reset_at)
 pub fn info() -> (i64, i64, i64) {
+    // SAFETY: called only when available() (SHARED and HASH set), on the backend's main
+    // thread, from a #[pg_extern]; hash_get_num_entries reads the table's counters under
+    // the shared lock; the other fields are atomics.
     unsafe {
         let shared = &*SHARED;
         pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_SHARED);
@@ -459,7 +628,7 @@ pub fn info() -> (i64, i64, i64) {
         pg_sys::LWLockRelease(shared.lock);
         (
             n,
-            shared.evictions.load(Ordering::Relaxed) as i64,
+            shared.overflowed.load(Ordering::Relaxed) as i64,
             shared.reset_at.load(Ordering::Relaxed) as i64,
         )
     }
@@ -467,13 +636,17 @@ pub fn info() -> (i64, i64, i64) {
 
 /// Forget every counter.
 pub fn reset() {
+    // SAFETY: called only when available() (SHARED and HASH set), on the backend's main
+    // thread, from the #[pg_extern] dedup.stats_reset(). The exclusive lock is held while
+    // entries() lists the entries and each is removed (so none is added or removed by
+    // another backend meanwhile); GetCurrentTimestamp only reads the clock.
     unsafe {
         let shared = &*SHARED;
         pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
         for e in entries() {
             remove(e);
         }
-        shared.evictions.store(0, Ordering::Relaxed);
+        shared.overflowed.store(0, Ordering::Relaxed);
         shared
             .reset_at
             .store(pg_sys::GetCurrentTimestamp() as u64, Ordering::Relaxed);
@@ -482,24 +655,52 @@ pub fn reset() {
 }
 
 // --- the file -------------------------------------------------------------------------
+//
+// Layout (little-endian): magic, version, key size, values per entry (u32 each);
+// overflowed, reset_at, entry count (u64 each); the entries, each a key's bytes and VALUES
+// u64 counters; then an FNV-1a 64-bit checksum of everything before it. A file is loaded
+// whole or not at all.
 
 const VALUES: usize = 6;
+const HEADER: usize = 4 * 4 + 3 * 8;
+const RECORD: usize = std::mem::size_of::<Key>() + 8 * VALUES;
 
+/// FNV-1a, 64 bits: enough to tell a torn or altered file from a written one.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// # Safety
+///
+/// Called only by PostgreSQL, as the on_shmem_exit callback registered in shmem_startup,
+/// in the postmaster as it exits, when no backend is left: the table is read without its
+/// lock. The #[pg_guard] turns an ERROR or a panic into a PostgreSQL error raised from
+/// this frame, never an unwind into C.
 #[pg_guard]
 unsafe extern "C-unwind" fn write_file_at_exit(code: i32, _arg: pg_sys::Datum) {
+    // SAFETY: SHARED is read by value; when set, it and HASH point to the shared memory
+    // that stays mapped until the postmaster is gone. entries() runs its scan to the end;
+    // each `&*e` is a live entry, read through atomics and the key's plain bytes, which
+    // no other process can change now. durable_rename takes 'static C strings and
+    // reports every failure (open, fsync, rename) at the LOG level we pass: no ERROR.
     // Not after a crash: the counters may be half-written.
     if code != 0 || SHARED.is_null() {
         return;
     }
-    let mut out = Vec::new();
+    let all = entries();
+    let mut out = Vec::with_capacity(HEADER + all.len() * RECORD + 8);
     out.extend_from_slice(&FILE_MAGIC.to_le_bytes());
     out.extend_from_slice(&FILE_VERSION.to_le_bytes());
-    out.extend_from_slice(&((*SHARED).evictions.load(Ordering::Relaxed)).to_le_bytes());
+    out.extend_from_slice(&(std::mem::size_of::<Key>() as u32).to_le_bytes());
+    out.extend_from_slice(&(VALUES as u32).to_le_bytes());
+    out.extend_from_slice(&((*SHARED).overflowed.load(Ordering::Relaxed)).to_le_bytes());
     out.extend_from_slice(&((*SHARED).reset_at.load(Ordering::Relaxed)).to_le_bytes());
-    let all = entries();
     out.extend_from_slice(&(all.len() as u64).to_le_bytes());
     for e in all {
         let e = &*e;
+        // SAFETY: Key is plain bytes with no padding (the assertion at its definition).
         let key = std::slice::from_raw_parts(
             (&e.key as *const Key).cast::<u8>(),
             std::mem::size_of::<Key>(),
@@ -516,78 +717,127 @@ unsafe extern "C-unwind" fn write_file_at_exit(code: i32, _arg: pg_sys::Datum) {
             out.extend_from_slice(&v.load(Ordering::Relaxed).to_le_bytes());
         }
     }
-    let written =
-        std::fs::write(STAT_FILE_TMP, &out).and_then(|_| std::fs::rename(STAT_FILE_TMP, STAT_FILE));
-    if let Err(e) = written {
-        log!("dedup: could not write {STAT_FILE}: {e}");
+    out.extend_from_slice(&checksum(&out).to_le_bytes());
+    if let Err(e) = std::fs::File::create(STAT_FILE_TMP).and_then(|mut f| {
+        use std::io::Write;
+        f.write_all(&out)?;
+        f.sync_all()
+    }) {
+        log!("dedup: could not write {STAT_FILE_TMP}: {e}");
+        return;
     }
+    // Renames it into place and fsyncs the file and pg_stat/; failures are logged (LOG).
+    pg_sys::durable_rename(
+        c"pg_stat/dedup.stat.tmp".as_ptr(),
+        c"pg_stat/dedup.stat".as_ptr(),
+        pg_sys::LOG as i32,
+    );
+}
+
+/// Why a counter file is not loaded.
+fn check_file(data: &[u8]) -> Result<usize, String> {
+    if data.len() < HEADER + 8 {
+        return Err(format!("{} bytes, shorter than a header", data.len()));
+    }
+    let (body, sum) = data.split_at(data.len() - 8);
+    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+    if u32_at(0) != FILE_MAGIC {
+        return Err("not a dedup counter file".into());
+    }
+    if u32_at(4) != FILE_VERSION {
+        return Err(format!(
+            "format {}, not {FILE_VERSION} (written by another version of dedup)",
+            u32_at(4)
+        ));
+    }
+    if u32_at(8) as usize != std::mem::size_of::<Key>() || u32_at(12) as usize != VALUES {
+        return Err("entries of another layout".into());
+    }
+    if u64::from_le_bytes(sum.try_into().unwrap()) != checksum(body) {
+        return Err("its checksum does not match (torn or altered)".into());
+    }
+    let count = u64_at(32);
+    if (body.len() - HEADER) as u64 != count.saturating_mul(RECORD as u64) {
+        return Err(format!("{count} entries do not fill {} bytes", body.len()));
+    }
+    Ok(count as usize)
 }
 
 /// Load the counters saved at the last clean shutdown, then remove the file (it would be
 /// stale after a crash).
+///
+/// # Safety
+///
+/// Call from shmem_startup, in the postmaster before any backend exists (the table is
+/// filled without its lock), with SHARED and HASH set, under its #[pg_guard].
 unsafe fn read_file() {
     let Ok(data) = std::fs::read(STAT_FILE) else {
         return;
     };
     let _ = std::fs::remove_file(STAT_FILE);
-    let key_size = std::mem::size_of::<Key>();
-    let mut at = 0;
-    let mut take = |n: usize| -> Option<&[u8]> {
-        let slice = data.get(at..at + n)?;
-        at += n;
-        Some(slice)
-    };
-    let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
-    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
-    let (Some(magic), Some(version)) = (take(4), take(4)) else {
-        return;
-    };
-    if u32_at(magic) != FILE_MAGIC || u32_at(version) != FILE_VERSION {
-        log!("dedup: ignoring {STAT_FILE}: not a file of this version");
-        return;
-    }
-    let (Some(evictions), Some(reset_at), Some(count)) = (take(8), take(8), take(8)) else {
-        return;
-    };
-    (*SHARED)
-        .evictions
-        .store(u64_at(evictions), Ordering::Relaxed);
-    (*SHARED)
-        .reset_at
-        .store(u64_at(reset_at), Ordering::Relaxed);
-    for _ in 0..u64_at(count) {
-        let (Some(key), Some(values)) = (take(key_size), take(8 * VALUES)) else {
-            return;
-        };
-        if pg_sys::hash_get_num_entries(HASH) >= max_entries() {
+    let count = match check_file(&data) {
+        Ok(n) => n,
+        Err(why) => {
+            log!("dedup: ignoring {STAT_FILE}: {why}; the counters start from zero");
             return;
         }
+    };
+    let u64_at = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+    // SAFETY: SHARED points to the initialised Shared struct (shmem_startup wrote it just
+    // before); these are atomic stores.
+    (*SHARED).overflowed.store(u64_at(16), Ordering::Relaxed);
+    (*SHARED).reset_at.store(u64_at(24), Ordering::Relaxed);
+    for i in 0..count {
+        let at = HEADER + i * RECORD;
         let mut k = std::mem::MaybeUninit::<Key>::uninit();
-        std::ptr::copy_nonoverlapping(key.as_ptr(), k.as_mut_ptr().cast::<u8>(), key_size);
+        // SAFETY: RECORD bytes from `at` are in `data` (check_file); a Key is plain bytes
+        // of exactly size_of::<Key>(), every one of them written here.
+        std::ptr::copy_nonoverlapping(
+            data[at..].as_ptr(),
+            k.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of::<Key>(),
+        );
         let k = k.assume_init();
         if k.scope_len as usize > MAX_SCOPE || k.consumer_len as usize > MAX_CONSUMER {
+            log!("dedup: ignoring the rest of {STAT_FILE}: an entry of another layout");
             return;
         }
         let mut found = false;
-        let e = pg_sys::hash_search(
+        // SAFETY: `k` is a full Key read during each call; HASH_ENTER_NULL returns NULL
+        // instead of raising an ERROR when no entry is free. A new entry is initialised by
+        // init_entry before its counters are stored; no other process exists yet.
+        let mut e = pg_sys::hash_search(
             HASH,
             (&k as *const Key).cast(),
-            pg_sys::HASHACTION::HASH_ENTER_NULL,
+            pg_sys::HASHACTION::HASH_FIND,
             &mut found,
         )
         .cast::<Entry>();
-        if e.is_null() {
-            return;
+        if e.is_null() && pg_sys::hash_get_num_entries(HASH) < max_entries() {
+            e = pg_sys::hash_search(
+                HASH,
+                (&k as *const Key).cast(),
+                pg_sys::HASHACTION::HASH_ENTER_NULL,
+                &mut found,
+            )
+            .cast::<Entry>();
         }
-        init_entry(e, (*SHARED).next_generation.fetch_add(1, Ordering::Relaxed));
-        let v: Vec<u64> = values.chunks(8).map(u64_at).collect();
+        // An entry beyond a smaller dedup.stats_max is left out.
+        if e.is_null() {
+            continue;
+        }
+        if !found {
+            init_entry(e, (*SHARED).next_generation.fetch_add(1, Ordering::Relaxed));
+        }
+        let v = |n: usize| u64_at(at + std::mem::size_of::<Key>() + 8 * n);
         let e = &*e;
-        e.claims.store(v[0], Ordering::Relaxed);
-        e.duplicates.store(v[1], Ordering::Relaxed);
-        e.busy.store(v[2], Ordering::Relaxed);
-        e.mismatches.store(v[3], Ordering::Relaxed);
-        e.last_claim_at.store(v[4], Ordering::Relaxed);
-        e.last_duplicate_at.store(v[5], Ordering::Relaxed);
+        e.claims.store(v(0), Ordering::Relaxed);
+        e.duplicates.store(v(1), Ordering::Relaxed);
+        e.busy.store(v(2), Ordering::Relaxed);
+        e.mismatches.store(v(3), Ordering::Relaxed);
+        e.last_claim_at.store(v(4), Ordering::Relaxed);
+        e.last_duplicate_at.store(v(5), Ordering::Relaxed);
         e.last_used_at.store(0, Ordering::Relaxed);
     }
 }
@@ -630,6 +880,10 @@ fn stats_counters() -> TableIterator<
     let rows: Vec<_> = rows()
         .into_iter()
         .map(|r| {
+            // SAFETY: inside this #[pg_extern], in a transaction: get_database_name looks
+            // the OID up in the syscache (catalog ERRORs go through pgrx's guard) and
+            // returns NULL for a dropped database, else a NUL-terminated name palloc'd in
+            // CurrentMemoryContext, valid for this call and copied out at once.
             let datname = unsafe {
                 let n = pg_sys::get_database_name(r.dbid);
                 (!n.is_null()).then(|| std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned())
@@ -658,7 +912,7 @@ fn stats_info() -> TableIterator<
         name!(counting, bool),
         name!(entries, i64),
         name!(max_entries, i64),
-        name!(evictions, i64),
+        name!(overflowed, i64),
         name!(reset_at, Option<TimestampWithTimeZone>),
     ),
 > {
@@ -666,12 +920,12 @@ fn stats_info() -> TableIterator<
         warn_not_preloaded("dedup.stats_info");
         return TableIterator::once((false, 0, max_entries(), 0, None));
     }
-    let (entries, evictions, reset_at) = info();
+    let (entries, overflowed, reset_at) = info();
     TableIterator::once((
         guc::TRACK_STATS.get(),
         entries,
         max_entries(),
-        evictions,
+        overflowed,
         TimestampWithTimeZone::try_from(reset_at).ok(),
     ))
 }

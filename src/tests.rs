@@ -18,6 +18,15 @@ mod tests {
     /// Run `sql` in a subtransaction; return the SQLSTATE, message and hint of the error it
     /// raised, or None if it succeeded.
     fn error_of(sql: &str) -> Option<(String, String, String)> {
+        // SAFETY: runs inside a #[pg_test] (a #[pg_extern] in the test's transaction, on the
+        // backend's main thread), as PL/pgSQL's exception blocks do: the memory context and
+        // resource owner are saved, BeginInternalSubTransaction (which can raise an ERROR
+        // through the test's pgrx guard) starts a subtransaction, the PgTry catches any
+        // error of `sql` (pgrx has already copied it into Rust strings and flushed
+        // PostgreSQL's error state), RollbackAndReleaseCurrentSubTransaction or
+        // ReleaseCurrentSubTransaction ends it (freeing its memory and resources), and the
+        // saved context and owner, which belong to the outer transaction and outlive the
+        // subtransaction, are restored.
         unsafe {
             let cxt = pg_sys::CurrentMemoryContext;
             let owner = pg_sys::CurrentResourceOwner;
@@ -129,6 +138,10 @@ mod tests {
 
     #[pg_test]
     fn rolled_back_subtransaction_releases_its_claim() {
+        // SAFETY: as in error_of: inside the #[pg_test]'s transaction, on the main thread; the
+        // saved memory context and resource owner are the outer transaction's, valid after
+        // RollbackAndReleaseCurrentSubTransaction ends the subtransaction (and frees what
+        // it owned), and are restored. An ERROR inside unwinds to the test's pgrx guard.
         unsafe {
             let cxt = pg_sys::CurrentMemoryContext;
             let owner = pg_sys::CurrentResourceOwner;
@@ -396,10 +409,9 @@ mod tests {
             Spi::get_one::<String>("SELECT dedup.retention()::text"),
             Ok(Some("7 days".into()))
         );
-        Spi::run("SET LOCAL dedup.retention = '1d'").unwrap();
         assert_eq!(
             Spi::get_one::<String>("SELECT dedup.retention('any')::text"),
-            Ok(Some("1 day".into()))
+            Ok(Some("7 days".into()))
         );
         Spi::run("SELECT dedup.set_retention('q', '2 days 3 hours')").unwrap();
         assert_eq!(
@@ -409,16 +421,16 @@ mod tests {
         Spi::run("SELECT dedup.set_retention('q', NULL)").unwrap();
         assert_eq!(
             Spi::get_one::<String>("SELECT dedup.retention('q')::text"),
-            Ok(Some("1 day".into()))
+            Ok(Some("7 days".into()))
         );
     }
 
     #[pg_test]
     fn settings_take_units() {
         for (set, show) in [
-            ("SET LOCAL dedup.retention = '7d'", "7d"),
-            ("SET LOCAL dedup.retention = '36h'", "36h"),
-            ("SET LOCAL dedup.retention = 90", "90s"),
+            ("SET LOCAL dedup.lease_duration = '7d'", "7d"),
+            ("SET LOCAL dedup.lease_duration = '36h'", "36h"),
+            ("SET LOCAL dedup.lease_duration = 90", "90s"),
             ("SET LOCAL dedup.prune_batch_size = 250", "250"),
         ] {
             Spi::run(set).unwrap();
@@ -474,6 +486,12 @@ mod tests {
             "scope must not be NULL",
         ),
         ("SET LOCAL dedup.retention = 0", "22023", "dedup.retention"),
+        // A session's retention is refused: the worker would not keep it (issue 11).
+        (
+            "SET LOCAL dedup.retention = '30d'",
+            "22023",
+            "dedup.retention",
+        ),
         (
             "SET LOCAL dedup.prune_batch_size = 10",
             "22023",

@@ -11,7 +11,6 @@ use crate::{guc, prune};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
-use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
@@ -33,11 +32,20 @@ pub fn register_launcher() {
 }
 
 fn shutdown_requested() -> bool {
+    // SAFETY: a volatile read of the global `volatile sig_atomic_t ShutdownRequestPending`,
+    // which the SIGTERM handler pgrx installs (attach_signal_handlers) sets; its address is
+    // taken without a reference. No call, no ERROR; on the worker's only thread.
     unsafe { std::ptr::read_volatile(std::ptr::addr_of!(pg_sys::ShutdownRequestPending)) != 0 }
 }
 
 fn set_application_name(name: &str) {
     let name = std::ffi::CString::new(name).expect("no NUL in a worker name");
+    // SAFETY: called from the launcher's and the worker's #[pg_guard] main functions, after
+    // connecting, on their only thread. SetConfigOption reads the name for its lookup and
+    // copies the value (guc_strdup, then application_name's check hook); an ERROR (out of
+    // memory) unwinds to that #[pg_guard], which ends the process. pgstat_report_appname
+    // copies at most NAMEDATALEN - 1 bytes of the NUL-terminated name into this process's
+    // shared PgBackendStatus entry and raises no ERROR. `name` outlives both calls.
     unsafe {
         pg_sys::SetConfigOption(
             c"application_name".as_ptr(),
@@ -51,6 +59,11 @@ fn set_application_name(name: &str) {
 
 fn reload_config_if_asked() {
     if BackgroundWorker::sighup_received() {
+        // SAFETY: the launcher's main loop, outside any transaction, as PostgreSQL's own
+        // processes reload: ProcessConfigFile works in a memory context of its own and
+        // reports bad settings below ERROR (DEBUG2 in a child; the postmaster LOGs them);
+        // other ERRORs (out of memory) unwind to the launcher's #[pg_guard] main, which
+        // ends it (the postmaster restarts it).
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
     }
 }
@@ -66,6 +79,15 @@ fn interval() -> Option<Duration> {
 /// invalid (a DROP DATABASE interrupted half-way).
 fn databases() -> Vec<(pg_sys::Oid, String)> {
     let mut found = Vec::new();
+    // SAFETY: called only through prune::in_transaction: inside a transaction, under its
+    // PgTry, which catches the ERRORs of table_open (lock wait), the scan (I/O) and out of
+    // memory, then aborts the transaction (releasing the lock, the relcache reference, the
+    // scan's buffer pin and snapshot). `rel` is pg_database, open with AccessShareLock
+    // until table_close. table_beginscan_catalog registers the catalog snapshot for the
+    // scan (unregistered by table_endscan). Each tuple heap_getnext returns points into
+    // a buffer the scan keeps pinned until the next heap_getnext: its fixed-size part
+    // (FormData_pg_database, at t_hoff, as GETSTRUCT computes it) is read, and the name
+    // (a NUL-terminated NameData) copied into a String, before the next call.
     unsafe {
         let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, pg_sys::AccessShareLock as _);
         let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
@@ -159,6 +181,7 @@ fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
         .enable_spi_access()
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(None)
+        // SAFETY: a plain read of the global `int MyProcPid`, set at process start.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic()
         .map_err(|_| {
@@ -172,6 +195,89 @@ fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
         .map_err(|status| format!("waiting for the worker of database \"{name}\": {status:?}"))
 }
 
+/// Pin the settings the worker's SQL depends on, above anything a database or role setting
+/// (`ALTER DATABASE/ROLE ... SET`, applied while connecting) gave this session: the worker
+/// runs as a superuser in databases that anyone with CREATEDB may own, so no name it uses
+/// may resolve to an object such an owner created (issue 11, finding 1). PGC_S_OVERRIDE
+/// outranks every source but an explicit override; nothing here sets one.
+fn pin_settings() {
+    let lock_timeout = format!("{}ms", guc::PRUNE_LOCK_TIMEOUT.get());
+    for (name, value) in [
+        (c"search_path", "pg_catalog, pg_temp"),
+        (c"default_transaction_isolation", "read committed"),
+        (c"default_transaction_read_only", "off"),
+        (c"statement_timeout", "0"),
+        (c"lock_timeout", lock_timeout.as_str()),
+    ] {
+        let value = std::ffi::CString::new(value).expect("no NUL in a setting");
+        // SAFETY: SetConfigOption looks the name up and copies the value (guc_strdup), so
+        // neither string need outlive the call; a value it rejects raises an ERROR, which
+        // ends the worker through the #[pg_guard] of its main function (the values are
+        // ours and valid).
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_OVERRIDE,
+            );
+        }
+    }
+}
+
+/// Is this database being dropped or renamed? DROP DATABASE and ALTER DATABASE ... RENAME
+/// hold an AccessExclusiveLock on the database object while they wait (5 s at most) for
+/// its other sessions to leave; a new session's RowExclusiveLock on it conflicts. The
+/// worker tries that lock between batches, without waiting, and leaves if it cannot have it
+/// (issue 11, finding 10).
+fn database_is_being_dropped() -> bool {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: 0, // a shared object: no database
+        locktag_field2: pg_sys::DatabaseRelationId.into(),
+        // SAFETY: set once the worker is connected.
+        locktag_field3: unsafe { pg_sys::MyDatabaseId }.into(),
+        locktag_field4: 0,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    };
+    let mode = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
+    // SAFETY: a session lock (no resource owner or transaction needed), tried without
+    // waiting and released at once; LockAcquire raises an error only when the shared lock
+    // table is full, which ends the worker through its main function's #[pg_guard].
+    unsafe {
+        if pg_sys::LockAcquire(&tag, mode, true, true)
+            == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+        {
+            return true;
+        }
+        pg_sys::LockRelease(&tag, mode, true);
+    }
+    false
+}
+
+/// How long ago (seconds) the last pass over every scope of this database ended, if one is
+/// recorded (inside a transaction).
+fn since_last_pass() -> Option<f64> {
+    Spi::get_one::<f64>(
+        "SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.last_pass_at) \
+           FROM dedup._prune_status AS s WHERE s.scope OPERATOR(pg_catalog.=) ''",
+    )
+    .ok()
+    .flatten()
+}
+
+/// A WARNING when a database the worker cannot prune now has gone unpruned for longer than
+/// one interval beyond the pass that was due (`dedup.prune_status` shows it as overdue).
+fn warn_if_overdue(dbname: &str, since: Option<f64>, interval: Duration, why: &str) {
+    if let Some(age) = since.filter(|age| *age > 2.0 * interval.as_secs_f64()) {
+        warning!(
+            "dedup: database \"{dbname}\" has not been pruned for {age:.0} s \
+             (dedup.prune_interval is {} s): {why}",
+            interval.as_secs()
+        );
+    }
+}
+
 /// The worker for one database: prune it once, then exit.
 #[pg_guard]
 #[no_mangle]
@@ -181,12 +287,21 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     let _ = arg; // the database's OID; connecting by name gives the role's name too
     let role = guc::prune_role();
     BackgroundWorker::connect_worker_to_spi(Some(&dbname), role.as_deref());
+    // Before the first statement: nothing of this database's settings decides what runs.
+    pin_settings();
     set_application_name(PRUNER);
 
     let interval = interval().unwrap_or(Duration::from_secs(600));
     let ready = prune::in_transaction(|| {
+        // A catalog lookup without SQL: in a database without the extension, nothing more.
+        // SAFETY: inside a transaction; get_extension_oid(missing_ok) raises no error for
+        // a missing extension, and in_transaction's PgTry catches any other.
+        if unsafe { pg_sys::get_extension_oid(c"dedup".as_ptr(), true) } == pg_sys::InvalidOid {
+            return Ready::NotInstalled;
+        }
         let version = Spi::get_one::<String>(
-            "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'dedup'",
+            "SELECT e.extversion FROM pg_catalog.pg_extension AS e \
+              WHERE e.extname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name",
         )
         .ok()
         .flatten();
@@ -196,24 +311,15 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
             Some("0.1.0") => return Ready::TooOld,
             Some(_) => {}
         }
+        let since = since_last_pass();
         if prune::backing_off(interval) {
-            return Ready::BackingOff;
+            return Ready::BackingOff(since);
         }
-        // Session-level: held across the pass's transactions, released when we exit.
-        let locked = Spi::get_one_with_args::<bool>(
-            "SELECT pg_catalog.pg_try_advisory_lock($1, $2)",
-            &[
-                DatumWithOid::from(prune::LOCK_KEY.0),
-                DatumWithOid::from(prune::LOCK_KEY.1),
-            ],
-        )
-        .ok()
-        .flatten()
-            == Some(true);
-        if locked {
+        // Held across the pass's transactions, released when the worker exits.
+        if prune::try_lock_for_session() {
             Ready::Go
         } else {
-            Ready::Busy
+            Ready::Busy(since)
         }
     });
     match ready {
@@ -226,14 +332,26 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
             );
             return;
         }
-        Ok(Ready::BackingOff) => {
+        Ok(Ready::BackingOff(since)) => {
             debug1!(
                 "dedup: not pruning database \"{dbname}\" yet: backing off after failed passes"
             );
+            warn_if_overdue(
+                &dbname,
+                since,
+                interval,
+                "its last passes failed (see dedup.prune_status.last_error)",
+            );
             return;
         }
-        Ok(Ready::Busy) => {
+        Ok(Ready::Busy(since)) => {
             debug1!("dedup: database \"{dbname}\" is being pruned by another session");
+            warn_if_overdue(
+                &dbname,
+                since,
+                interval,
+                "a dedup.prune() of another session holds the prune lock",
+            );
             return;
         }
         Err(message) => {
@@ -242,28 +360,48 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         }
     }
 
+    let leaving = std::cell::Cell::new(false);
     let stop = || {
-        reload_config_if_asked();
-        shutdown_requested()
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: outside a transaction, as PostgreSQL's own processes reload.
+            // (`stop` runs between batches, outside in_transaction: an ERROR from
+            // ProcessConfigFile, out of memory, unwinds to the #[pg_guard] of
+            // dedup_prune_worker_main and ends the worker; bad settings are reported below
+            // ERROR.)
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            pin_settings();
+        }
+        if database_is_being_dropped() {
+            leaving.set(true);
+        }
+        shutdown_requested() || leaving.get()
     };
     // The latch may be set for other reasons (a reload, a signal): wait out the rest of the
-    // pause, unless SIGTERM (its handler sets the latch) asks to stop; `stop` then sees it.
+    // pause in slices of at most 100 ms, unless SIGTERM (its handler sets the latch) or a
+    // DROP DATABASE asks to stop; `stop` then sees it.
     let pause = || {
         let until =
             Instant::now() + Duration::from_millis(guc::PRUNE_BATCH_DELAY.get().max(0) as u64);
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || shutdown_requested() {
+            if left.is_zero() || shutdown_requested() || database_is_being_dropped() {
                 break;
             }
-            BackgroundWorker::wait_latch(Some(left.max(Duration::from_millis(1))));
+            BackgroundWorker::wait_latch(Some(
+                left.clamp(Duration::from_millis(1), Duration::from_millis(100)),
+            ));
         }
     };
     let transactions = prune::Transactions::PerBatch {
         stop: &stop,
         pause: &pause,
     };
-    match prune::run_pass(None, None, &transactions) {
+    let result = prune::run_pass(None, None, &transactions);
+    if leaving.get() {
+        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped or renamed");
+        return;
+    }
+    match result {
         Ok(pass) => {
             let recorded = prune::in_transaction(|| prune::record_pass(None, &pass, "worker"));
             if pass.deleted > 0 {
@@ -297,6 +435,8 @@ enum Ready {
     Go,
     NotInstalled,
     TooOld,
-    BackingOff,
-    Busy,
+    /// Backing off after failures; how long ago the last pass ended.
+    BackingOff(Option<f64>),
+    /// Another session prunes; how long ago the last pass ended.
+    Busy(Option<f64>),
 }

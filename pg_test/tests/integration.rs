@@ -100,7 +100,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     leases::leases_and_fingerprints_raise_their_own_sqlstates,
     leases::completed_lease_is_kept_for_its_retention_from_completion,
     stats::counts_match_a_known_workload,
-    stats::eviction_reset_and_privileges,
+    stats::overflow_reset_and_privileges,
     stats::counters_survive_a_clean_restart,
     stats::without_preloading_stats_says_so,
     stats::exporter_query_runs,

@@ -66,8 +66,6 @@ pub async fn a_retention_under_a_minute_warns(ctx: Ctx) -> Result<()> {
             .any(|n| n.severity() == "WARNING" && n.message().contains("shorter than a minute"))
     };
     for (sql, warns) in [
-        ("SET dedup.retention = '30s'", true),
-        ("SET dedup.retention = '2min'", false),
         ("SELECT dedup.set_retention('q', '10 seconds')", true),
         ("SELECT dedup.set_retention('q', '5 minutes')", false),
         (
@@ -75,19 +73,26 @@ pub async fn a_retention_under_a_minute_warns(ctx: Ctx) -> Result<()> {
             true,
         ),
         (
-            &format!("ALTER DATABASE {} RESET dedup.retention", ctx.db),
+            &format!("ALTER DATABASE {} SET dedup.retention = '2min'", ctx.db),
             false,
         ),
-        // And every manual prune with such a retention.
-        ("SET dedup.retention = '2min'", false),
+        // And every manual prune with such a retention (in a new session: a database's
+        // setting applies from the next connection on).
         ("SELECT dedup.prune()", false),
-        ("SET dedup.retention = '20s'", true),
-        ("SELECT dedup.prune()", true),
+        (
+            &format!("ALTER DATABASE {} SET dedup.retention = '20s'", ctx.db),
+            true,
+        ),
     ] {
         c.batch_execute(sql).await?;
         c.batch_execute("SELECT 1").await?;
         ensure_eq(warned(&c), warns, sql)?;
     }
+    let c = ctx.connect().await?;
+    c.batch_execute("SELECT dedup.prune(); SELECT 1").await?;
+    ensure_eq(warned(&c), true, "dedup.prune() with a retention of 20 s")?;
+    c.batch_execute(&format!("ALTER DATABASE {} RESET dedup.retention", ctx.db))
+        .await?;
     Ok(())
 }
 

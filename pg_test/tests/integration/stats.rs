@@ -1,4 +1,4 @@
-//! dedup.stats: counts that match a workload with a known number of duplicates, eviction at
+//! dedup.stats: counts that match a workload with a known number of duplicates, the overflow row at
 //! the size bound, reset, privileges, and counters that survive a clean restart. Each test
 //! runs a cluster of its own with `shared_preload_libraries = 'dedup'`; the shared test
 //! server, without it, shows what dedup.stats says then.
@@ -124,11 +124,12 @@ pub async fn counts_match_a_known_workload(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-pub async fn eviction_reset_and_privileges(_ctx: Ctx) -> Result<()> {
+pub async fn overflow_reset_and_privileges(_ctx: Ctx) -> Result<()> {
     let cluster = Cluster::start(preloaded("stats-evict").set("dedup.stats_max", "100"))?;
     cluster.create_db_with_extension("app")?;
     let admin = as_consumer(&cluster, "app", "admin").await?;
-    // 150 scopes, one after the other: the 50 used least recently are evicted.
+    // 150 scopes, one after the other: the first 99 get an entry (the overflow row holds
+    // the hundredth), the other 51 are counted in the overflow row; nothing is evicted.
     for i in 0..150 {
         admin
             .execute(
@@ -139,7 +140,7 @@ pub async fn eviction_reset_and_privileges(_ctx: Ctx) -> Result<()> {
     }
     let row = admin
         .query_one(
-            "SELECT entries, max_entries, evictions FROM dedup.stats_info()",
+            "SELECT entries, max_entries, overflowed FROM dedup.stats_info()",
             &[],
         )
         .await?;
@@ -149,14 +150,24 @@ pub async fn eviction_reset_and_privileges(_ctx: Ctx) -> Result<()> {
             row.get::<_, i64>(1),
             row.get::<_, i64>(2),
         ),
-        (100, 100, 50),
-        "entries, bound, evictions",
+        (100, 100, 51),
+        "entries, bound, calls counted in the overflow row",
     )?;
-    let oldest: String = admin
-        .query_one("SELECT min(scope) FROM dedup.stats", &[])
-        .await?
-        .get(0);
-    ensure_eq(oldest.as_str(), "scope-050", "oldest scope still counted")?;
+    let row = admin
+        .query_one(
+            "SELECT min(scope), max(scope), count(*) FROM dedup.stats WHERE datname = 'app'",
+            &[],
+        )
+        .await?;
+    ensure_eq(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, String>(1),
+            row.get::<_, i64>(2),
+        ),
+        ("scope-000".to_string(), "scope-098".to_string(), 99),
+        "the scopes with an entry",
+    )?;
 
     // Monitoring roles read; nobody else does, and only superusers reset.
     admin
@@ -193,13 +204,18 @@ pub async fn eviction_reset_and_privileges(_ctx: Ctx) -> Result<()> {
     )?;
     admin.batch_execute("SELECT dedup.stats_reset()").await?;
     let row = admin
-        .query_one("SELECT entries, evictions FROM dedup.stats_info()", &[])
+        .query_one("SELECT entries, overflowed FROM dedup.stats_info()", &[])
         .await?;
     ensure_eq(
         (row.get::<_, i64>(0), row.get::<_, i64>(1)),
-        (0, 0),
-        "after reset",
+        (1, 0),
+        "after reset (the overflow row stays, emptied)",
     )?;
+    let rows: i64 = admin
+        .query_one("SELECT count(*) FROM dedup.stats", &[])
+        .await?
+        .get(0);
+    ensure_eq(rows, 0, "rows after reset")?;
     Ok(())
 }
 
