@@ -1,5 +1,5 @@
 //! The claim path: `dedup.try_claim(job_id, scope)`.
-use crate::{error, guc, stats};
+use crate::{compat, error, guc, stats};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -279,10 +279,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     // SAFETY: RelationGetPrimaryKeyIndex reads (or rebuilds, by catalog scans that can
     // raise ERRORs through the guard) rel's cached index list; lappend_oid pallocs the
     // one-element list in es_query_cxt, freed with it.
-    let arbiters = pg_sys::lappend_oid(
-        std::ptr::null_mut(),
-        pg_sys::RelationGetPrimaryKeyIndex(rel),
-    );
+    let arbiters = pg_sys::lappend_oid(std::ptr::null_mut(), compat::primary_key(rel));
     // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
     // above; `conflict_tid` is a local the check fills in. The calls that can raise an
     // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
@@ -301,7 +298,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     // es_query_cxt (NIL when empty), with no ERROR for a valid list.
     let inserted = loop {
         let mut conflict_tid = pg_sys::ItemPointerData::default();
-        if !check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
+        if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
             // A committed (or our own) claim exists.
             break inspect_conflict(rel, layout, &mut conflict_tid, fingerprint);
         }
@@ -316,7 +313,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
             token,
         );
         let mut spec_conflict = false;
-        let recheck = insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
+        let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
         pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
         unguarded::SpeculativeInsertionLockRelease(xid);
         unguarded::list_free(recheck);
@@ -437,126 +434,6 @@ unsafe fn inspect_conflict(
     outcome
 }
 
-/// Wraps ExecCheckIndexConstraints as PostgreSQL 13 takes it (the result relation in the
-/// EState).
-///
-/// # Safety
-///
-/// `rri` is a live ResultRelInfo with its indexes open (ExecOpenIndices, speculative),
-/// `slot` holds the row to insert, `estate` is the executor state whose es_query_cxt they
-/// live in, `arbiters` a list of index OIDs of `rri`'s relation. Call under pgrx's guard, in
-/// the transaction: the check can wait for a concurrent inserter of the same key (lock
-/// waits raise ERRORs on deadlock, lock_timeout or cancel), caught at the pg_sys call.
-#[cfg(feature = "pg13")]
-unsafe fn check_index_constraints(
-    rri: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-    conflict_tid: &mut pg_sys::ItemPointerData,
-    arbiters: *mut pg_sys::List,
-) -> bool {
-    // SAFETY: `estate` is live; PostgreSQL 13 finds the result relation through this
-    // field, which `rri` (live as long as es_query_cxt) outlasts every use of.
-    (*estate).es_result_relation_info = rri;
-    pg_sys::ExecCheckIndexConstraints(slot, estate, conflict_tid, arbiters)
-}
-
-/// Wraps ExecCheckIndexConstraints, whose arguments changed in PostgreSQL 14.
-///
-/// # Safety
-///
-/// `rri` is a live ResultRelInfo with its indexes open (ExecOpenIndices, speculative),
-/// `slot` holds the row to insert, `estate` is the executor state whose es_query_cxt they
-/// live in, `arbiters` a list of index OIDs of `rri`'s relation. Call under pgrx's guard, in
-/// the transaction: the check can wait for a concurrent inserter of the same key (lock
-/// waits raise ERRORs on deadlock, lock_timeout or cancel), caught at the pg_sys call.
-#[cfg(not(feature = "pg13"))]
-unsafe fn check_index_constraints(
-    rri: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-    conflict_tid: &mut pg_sys::ItemPointerData,
-    arbiters: *mut pg_sys::List,
-) -> bool {
-    // SAFETY: the caller's contract above; conflict_tid is a valid &mut the check fills.
-    pg_sys::ExecCheckIndexConstraints(rri, slot, estate, conflict_tid, arbiters)
-}
-
-/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
-///
-/// # Safety
-///
-/// As for check_index_constraints, with the heap tuple of `slot` already inserted
-/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
-/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
-/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
-/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
-#[cfg(feature = "pg13")]
-unsafe fn insert_index_tuples(
-    _rri: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-    spec_conflict: &mut bool,
-    arbiters: *mut pg_sys::List,
-) -> *mut pg_sys::List {
-    // SAFETY: the contract above; PostgreSQL 13 reads the result relation that
-    // check_index_constraints stored in es_result_relation_info.
-    pg_sys::ExecInsertIndexTuples(slot, estate, true, spec_conflict, arbiters)
-}
-
-/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
-///
-/// # Safety
-///
-/// As for check_index_constraints, with the heap tuple of `slot` already inserted
-/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
-/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
-/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
-/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
-#[cfg(any(feature = "pg14", feature = "pg15"))]
-unsafe fn insert_index_tuples(
-    rri: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-    spec_conflict: &mut bool,
-    arbiters: *mut pg_sys::List,
-) -> *mut pg_sys::List {
-    // SAFETY: the contract above (update = false, noDupErr = true: arbiter conflicts are
-    // reported in spec_conflict, a valid &mut bool).
-    pg_sys::ExecInsertIndexTuples(rri, slot, estate, false, true, spec_conflict, arbiters)
-}
-
-/// Wraps ExecInsertIndexTuples, whose arguments change across PostgreSQL versions.
-///
-/// # Safety
-///
-/// As for check_index_constraints, with the heap tuple of `slot` already inserted
-/// (speculatively) into `rri`'s relation. Index inserts raise ERRORs (a unique violation
-/// in a non-arbiter index, out of disk) through pgrx's guard; a conflict in an arbiter
-/// index sets `spec_conflict` instead. The list returned (indexes to recheck, usually NIL)
-/// is palloc'd in CurrentMemoryContext, es_query_cxt in insert_claim.
-#[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
-unsafe fn insert_index_tuples(
-    rri: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-    spec_conflict: &mut bool,
-    arbiters: *mut pg_sys::List,
-) -> *mut pg_sys::List {
-    // SAFETY: the contract above (update = false, noDupErr = true, onlySummarizing =
-    // false: arbiter conflicts are reported in spec_conflict, a valid &mut bool).
-    pg_sys::ExecInsertIndexTuples(
-        rri,
-        slot,
-        estate,
-        false,
-        true,
-        spec_conflict,
-        arbiters,
-        false,
-    )
-}
-
 /// A `text` datum of `s`, palloc'd in CurrentMemoryContext.
 ///
 /// # Safety
@@ -666,16 +543,17 @@ pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
     {
         error::not_a_heap_table(FUNC);
     }
-    if pg_sys::RelationGetPrimaryKeyIndex(rel) == pg_sys::InvalidOid {
+    if compat::primary_key(rel) == pg_sys::InvalidOid {
         error::unexpected_layout(FUNC);
     }
     let desc = (*rel).rd_att;
-    let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
-    let prefix_ok = attrs
-        .iter()
-        .zip(COLUMNS)
-        .all(|(a, oid)| !a.attisdropped && a.atttypid == oid);
-    match attrs.len() {
+    let natts = (*desc).natts as usize;
+    let prefix_ok = (0..natts).zip(COLUMNS).all(|(i, oid)| {
+        // SAFETY: i < natts; `desc` is the open relation's, valid until it is closed.
+        let a = compat::attribute(desc, i);
+        !a.attisdropped && a.atttypid == oid
+    });
+    match natts {
         3 if prefix_ok => Layout::Claims,
         7 if prefix_ok => Layout::Leases,
         _ => error::unexpected_layout(FUNC),

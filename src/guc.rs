@@ -264,16 +264,6 @@ unsafe extern "C-unwind" fn check_retention(
     true
 }
 
-#[cfg(any(feature = "pg13", feature = "pg14"))]
-fn reserve_prefix() {
-    // MarkGUCPrefixReserved arrived in PostgreSQL 15.
-    // SAFETY: EmitWarningsOnPlaceholders only reads the 'static, NUL-terminated class name
-    // and ereports WARNINGs (no ERROR but out of memory, which the #[pg_guard] of _PG_init,
-    // our caller through init(), turns into a PostgreSQL ERROR).
-    unsafe { pg_sys::EmitWarningsOnPlaceholders(c"dedup".as_ptr()) }
-}
-
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
 fn reserve_prefix() {
     // SAFETY: MarkGUCPrefixReserved (guc.c) removes placeholders named dedup.* with a
     // WARNING each and appends a pstrdup of the 'static, NUL-terminated name to

@@ -4,6 +4,7 @@
 use pgrx::prelude::*;
 
 mod claim;
+mod compat;
 mod error;
 mod guc;
 mod lease;

@@ -174,21 +174,11 @@ pub fn request_shared_memory() {
     // SAFETY: called once, from _PG_init (a #[pg_guard] function) in the postmaster while
     // shared_preload_libraries loads, on its only thread, before any backend exists: the
     // hook variables (PostgreSQL globals) and our PREV_* statics are read and written with
-    // no concurrent access. The previous hooks are saved and chained by ours. Before
-    // PostgreSQL 15, RequestAddinShmemSpace and RequestNamedLWLockTranche are honoured only
-    // here (elsewhere they are silently ignored); shmem_size's add_size ERROR goes through
-    // the guard of _PG_init.
+    // no concurrent access. The previous hooks are saved and chained by ours; the shared
+    // memory itself is requested in shmem_request, as PostgreSQL 15 and later require.
     unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14"))]
-        {
-            pg_sys::RequestAddinShmemSpace(shmem_size());
-            pg_sys::RequestNamedLWLockTranche(c"dedup".as_ptr(), 1);
-        }
-        #[cfg(not(any(feature = "pg13", feature = "pg14")))]
-        {
-            PREV_SHMEM_REQUEST = pg_sys::shmem_request_hook;
-            pg_sys::shmem_request_hook = Some(shmem_request);
-        }
+        PREV_SHMEM_REQUEST = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(shmem_request);
         PREV_SHMEM_STARTUP = pg_sys::shmem_startup_hook;
         pg_sys::shmem_startup_hook = Some(shmem_startup);
     }
@@ -200,7 +190,6 @@ pub fn request_shared_memory() {
 /// thread) while it sizes shared memory. The #[pg_guard] turns an ERROR (add_size's
 /// overflow) or a panic into a PostgreSQL ERROR raised from this frame (fatal this early
 /// in the postmaster), never an unwind into C.
-#[cfg(not(any(feature = "pg13", feature = "pg14")))]
 #[pg_guard]
 unsafe extern "C-unwind" fn shmem_request() {
     // SAFETY: PREV_SHMEM_REQUEST is read by value, written only by request_shared_memory
