@@ -1,5 +1,5 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo demo-sessions test bench setup
+.PHONY: demo demo-sessions test bench setup package install
 
 demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
 	bash scripts/demo.sh $(ARGS)
@@ -7,11 +7,17 @@ demo:  ## build and install the extension, run the guide's experiment and print 
 demo-sessions:  ## build and install the extension, show two sessions racing for one job
 	bash scripts/demo.sh sessions
 
-test:  ## set up everything and pass every test
-	bash scripts/test.sh
+test:  ## set up everything and pass every test, on every major (PG=17 for one)
+	PG="$(PG)" bash scripts/test.sh
 
 bench:  ## the pgbench comparison of the README (release build, several minutes)
-	bash scripts/bench.sh
+	PG="$(PG)" bash scripts/bench.sh
 
-setup:  ## only the setup: Debian packages, cargo-pgrx 0.18.1, cargo pgrx init
+setup:  ## only the setup: Debian packages, the PostgreSQL trees, cargo-pgrx 0.18.1, cargo pgrx init
 	bash scripts/setup.sh
+
+package:  ## a Debian package and a tarball per major in target/packages (PG=17 for one)
+	PG="$(PG)" bash scripts/package.sh
+
+install:  ## a release build installed into the server of PG_CONFIG (the only target that touches a server of yours)
+	bash scripts/install.sh $(PG_CONFIG)
