@@ -17,6 +17,14 @@ psql -c "ALTER DATABASE $PGDATABASE SET dedup.warn_outside_transaction = off"
 { echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores";
   psql -At -c "SELECT '# settings: ' || string_agg(name || '=' || current_setting(name), ' ') FROM pg_settings WHERE name IN ('shared_buffers', 'max_wal_size', 'fsync', 'wal_level', 'checkpoint_timeout')"; } | tee -a "$OUT"
 
+# RATIO_ONLY: only the side-by-side comparison of the four transactions (the try_claim /
+# hand-written ratio `make bench PG="15 16 17 18"` reports per major), then stop.
+if [ -n "${RATIO_ONLY:-}" ]; then
+    TRUNCATE="effects, my_processed, dedup.processed" \
+        bash "$here/mixed.sh" b_handwritten a_effect c_try_claim_bigint d_try_claim_text_scope
+    exit 0
+fi
+
 # SKIP_ALTERNATED, SKIP_MIXED: leave out those parts (the sizes always run).
 if [ -z "${SKIP_ALTERNATED:-}" ]; then
     bash "$here/pgbench.sh"
