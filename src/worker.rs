@@ -57,15 +57,19 @@ fn set_application_name(name: &str) {
     }
 }
 
-fn reload_config_if_asked() {
-    if BackgroundWorker::sighup_received() {
-        // SAFETY: the launcher's main loop, outside any transaction, as PostgreSQL's own
-        // processes reload: ProcessConfigFile works in a memory context of its own and
+/// Reload the configuration file after a SIGHUP; whether it did.
+fn reload_config_if_asked() -> bool {
+    let asked = BackgroundWorker::sighup_received();
+    if asked {
+        // SAFETY: the main loop of the launcher, or between a worker's batches, outside any
+        // transaction, as PostgreSQL's own processes reload: ProcessConfigFile works in a
+        // memory context of its own and
         // reports bad settings below ERROR (DEBUG2 in a child; the postmaster LOGs them);
-        // other ERRORs (out of memory) unwind to the launcher's #[pg_guard] main, which
-        // ends it (the postmaster restarts it).
+        // other ERRORs (out of memory) unwind to the #[pg_guard] main of the process, which
+        // ends it (the postmaster restarts the launcher).
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
     }
+    asked
 }
 
 fn interval() -> Option<Duration> {
@@ -130,7 +134,7 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
 
     let mut failures = 0u32;
     loop {
-        reload_config_if_asked();
+        let _ = reload_config_if_asked();
         let started = Instant::now();
         let mut wait = match interval() {
             // Turned off: look again at the next reload, or in a minute.
@@ -362,13 +366,8 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
 
     let leaving = std::cell::Cell::new(false);
     let stop = || {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: outside a transaction, as PostgreSQL's own processes reload.
-            // (`stop` runs between batches, outside in_transaction: an ERROR from
-            // ProcessConfigFile, out of memory, unwinds to the #[pg_guard] of
-            // dedup_prune_worker_main and ends the worker; bad settings are reported below
-            // ERROR.)
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        // The file's settings, then ours again above them.
+        if reload_config_if_asked() {
             pin_settings();
         }
         if database_is_being_dropped() {
