@@ -276,10 +276,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     // The primary key is the only arbiter, as in ON CONFLICT ON CONSTRAINT processed_pkey
     // DO NOTHING: a unique index someone added is checked like any index (a conflict
     // there is a unique violation), never taken for a claim. (check_layout found the key.)
-    // SAFETY: RelationGetPrimaryKeyIndex reads (or rebuilds, by catalog scans that can
-    // raise ERRORs through the guard) rel's cached index list; lappend_oid pallocs the
-    // one-element list in es_query_cxt, freed with it.
-    let arbiters = pg_sys::lappend_oid(std::ptr::null_mut(), compat::primary_key(rel));
+    let arbiters = arbiters(rel);
     // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
     // above; `conflict_tid` is a local the check fills in. The calls that can raise an
     // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
@@ -449,6 +446,34 @@ unsafe fn text_datum(s: &str) -> pg_sys::Datum {
         s.as_ptr().cast(),
         s.len() as i32,
     ))
+}
+
+/// The arbiter list of a claim: the primary key of `dedup.processed`, and nothing else.
+/// Built once per backend (and again when the key's OID changes: the extension dropped
+/// and created again), in TopMemoryContext: the executor routines only read it, and the
+/// claim path then allocates no list per claim.
+static mut ARBITERS: (pg_sys::Oid, *mut pg_sys::List) = (pg_sys::InvalidOid, std::ptr::null_mut());
+
+/// # Safety
+///
+/// `rel` is `dedup.processed`, open, and check_layout has found its primary key; under
+/// pgrx's guard (RelationGetPrimaryKeyIndex may rebuild the index list by catalog scans).
+unsafe fn arbiters(rel: pg_sys::Relation) -> *mut pg_sys::List {
+    // SAFETY: the contract above. ARBITERS is backend-local (one thread); the list lives
+    // in TopMemoryContext for the backend's life, or until replaced (the old one is freed
+    // after the new one is made, so an ERROR in between leaves the old one valid).
+    let cached = std::ptr::addr_of_mut!(ARBITERS);
+    let pk = compat::primary_key(rel);
+    if (*cached).0 != pk || (*cached).1.is_null() {
+        let old = pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
+        let list = pg_sys::lappend_oid(std::ptr::null_mut(), pk);
+        pg_sys::MemoryContextSwitchTo(old);
+        if !(*cached).1.is_null() {
+            pg_sys::list_free((*cached).1);
+        }
+        *cached = (pk, list);
+    }
+    (*cached).1
 }
 
 /// The OIDs of the schema `dedup` and of `dedup.processed`, looked up once per backend.

@@ -102,14 +102,25 @@ pub(crate) unsafe fn attribute<'a>(
     }
 }
 
-/// The OID of the relation's primary key index (InvalidOid if none). 18 added
-/// `deferrable_ok`: false, as a deferrable key could not decide a claim at once (the
-/// extension's key is not deferrable; a deferrable one is "no primary key" here).
+/// The OID of the relation's primary key index (InvalidOid if none, or if it is
+/// deferrable: a deferrable key could not decide a claim at once; the extension's is not).
+/// Read from the relcache entry when its index list is valid, as RelationGetPrimaryKeyIndex
+/// itself does, without a guarded call on the claim path; otherwise that function builds
+/// the list. 17 added `rd_ispkdeferrable`, 18 the function's `deferrable_ok` (false here).
 ///
 /// # Safety
 ///
 /// `rel` is an open relation; under pgrx's guard (building the index list scans catalogs).
 pub(crate) unsafe fn primary_key(rel: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: `rel` is open (the contract): its relcache entry is valid, and rd_pkindex is
+    // valid whenever rd_indexvalid is (rel.h).
+    if (*rel).rd_indexvalid {
+        #[cfg(any(feature = "pg17", feature = "pg18"))]
+        if (*rel).rd_ispkdeferrable {
+            return pg_sys::InvalidOid;
+        }
+        return (*rel).rd_pkindex;
+    }
     #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
     {
         // SAFETY: the contract above.
