@@ -388,23 +388,27 @@ pub fn count(scope: &str, event: Event) {
         if entry == (*SHARED).overflow {
             (*SHARED).overflowed.fetch_add(1, Ordering::Relaxed);
         }
-        let e = &*entry;
+        // Each counter through its own reference, never one to the whole Entry: a reset in
+        // another backend may be rewriting this slot's key (the miscount of one the module
+        // accepts), and a reference to the Entry would assert that nobody writes it.
+        let field = |f: *const AtomicU64| &*f;
         match event {
             Event::Claim => {
-                e.claims.fetch_add(1, Ordering::Relaxed);
-                advance(&e.last_claim_at, now);
+                field(std::ptr::addr_of!((*entry).claims)).fetch_add(1, Ordering::Relaxed);
+                advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
             }
             Event::Duplicate | Event::Busy => {
-                if event == Event::Duplicate {
-                    e.duplicates.fetch_add(1, Ordering::Relaxed);
+                let counter = if event == Event::Duplicate {
+                    std::ptr::addr_of!((*entry).duplicates)
                 } else {
-                    e.busy.fetch_add(1, Ordering::Relaxed);
-                }
-                advance(&e.last_duplicate_at, now);
+                    std::ptr::addr_of!((*entry).busy)
+                };
+                field(counter).fetch_add(1, Ordering::Relaxed);
+                advance(field(std::ptr::addr_of!((*entry).last_duplicate_at)), now);
             }
             Event::FingerprintMismatch => {
-                e.mismatches.fetch_add(1, Ordering::Relaxed);
-                advance(&e.last_used_at, now);
+                field(std::ptr::addr_of!((*entry).mismatches)).fetch_add(1, Ordering::Relaxed);
+                advance(field(std::ptr::addr_of!((*entry).last_used_at)), now);
             }
         }
     }
