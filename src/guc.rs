@@ -172,7 +172,8 @@ pub fn init() {
     GucRegistry::define_string_guc(
         c"dedup.prune_role",
         c"Role the background worker prunes as (empty: the bootstrap superuser).",
-        c"The role needs to be able to delete from dedup.processed in every database.",
+        c"A superuser, or a role with LOGIN holding, in every database with dedup, SELECT, UPDATE \
+          and DELETE on dedup.processed and SELECT, INSERT and UPDATE on dedup._prune_status.",
         &PRUNE_ROLE,
         GucContext::Sighup,
         GucFlags::default(),

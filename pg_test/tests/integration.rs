@@ -96,6 +96,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     worker::no_role_can_stop_pruning,
     worker::vacuum_truncation_between_batches,
     worker::drop_database_during_a_pass,
+    worker::prune_role_with_the_documented_grants,
     leases::concurrent_leases_of_one_job_have_one_holder,
     leases::crashed_holder_lease_is_taken_over_once,
     leases::crash_between_effect_and_done_marker_repeats_the_effect,

@@ -516,3 +516,32 @@ pub async fn drop_database_during_a_pass(_ctx: Ctx) -> Result<()> {
     );
     Ok(())
 }
+
+/// `dedup.prune_role` set to a role that is not a superuser, holding exactly the grants the
+/// README lists: the worker prunes with them.
+pub async fn prune_role_with_the_documented_grants(_ctx: Ctx) -> Result<()> {
+    let cluster = start(preloaded("worker-role").set("dedup.prune_role", "pruner")).await?;
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    admin
+        .batch_execute("CREATE ROLE pruner LOGIN NOSUPERUSER")
+        .await?;
+    let a = database_with_claims(&cluster, "a", 0, 0).await?;
+    a.batch_execute(
+        "GRANT SELECT, UPDATE, DELETE ON dedup.processed TO pruner;
+         GRANT SELECT, INSERT, UPDATE ON dedup._prune_status TO pruner;
+         INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 500) g;",
+    )
+    .await?;
+    eventually(30, "pruning as pruner", || async {
+        Ok(count(&a, EXPIRED).await? == 0)
+    })
+    .await?;
+    let log = cluster.log_text();
+    if log.contains("WARNING") {
+        bail!(
+            "warnings while pruning as pruner:\n{}",
+            cluster.log_tail(20)
+        );
+    }
+    Ok(())
+}
