@@ -552,6 +552,53 @@ unsafe fn remove(e: *mut Entry) {
     );
 }
 
+/// The databases that have counters (the overflow entry's none excluded).
+pub fn counted_databases() -> Vec<pg_sys::Oid> {
+    if !available() {
+        return Vec::new();
+    }
+    // SAFETY: SHARED and HASH are set (available()); the shared lock is held while the
+    // entries' keys are read, and released before returning; LWLockAcquire raises no ERROR
+    // here (it holds no other LWLock).
+    unsafe {
+        let shared = &*SHARED;
+        pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_SHARED);
+        let mut dbs: Vec<pg_sys::Oid> = entries()
+            .into_iter()
+            .map(|e| (*e).key.dbid)
+            .filter(|db| *db != pg_sys::InvalidOid)
+            .collect();
+        pg_sys::LWLockRelease(shared.lock);
+        dbs.sort_unstable_by_key(|db| u32::from(*db));
+        dbs.dedup();
+        dbs
+    }
+}
+
+/// Remove every entry of the databases `gone` (dropped: the launcher checks, each
+/// interval); returns how many. Nothing else removes entries but a reset, so without this
+/// a stream of created and dropped databases would fill the table for good.
+pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
+    if !available() || gone.is_empty() {
+        return 0;
+    }
+    // SAFETY: as in reset(): the exclusive lock is held while entries are removed, and no
+    // call in between can raise an ERROR (hash_search with HASH_REMOVE does not).
+    unsafe {
+        let shared = &*SHARED;
+        pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut n = 0;
+        for e in entries() {
+            if gone.contains(&(*e).key.dbid) {
+                remove(e);
+                n += 1;
+            }
+        }
+        pg_sys::LWLockRelease(shared.lock);
+        n
+    }
+}
+
 /// A snapshot of one entry, for the view.
 pub struct Row {
     pub dbid: pg_sys::Oid,

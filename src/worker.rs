@@ -7,7 +7,7 @@
 //! That worker checks for the extension (and leaves quietly without it), takes the prune
 //! advisory lock (and leaves if a prune already runs there), and sweeps the claim table in
 //! batches, each its own transaction, stopping between batches on SIGTERM.
-use crate::{guc, prune};
+use crate::{guc, prune, stats};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -140,6 +140,7 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
             // Turned off: look again at the next reload, or in a minute.
             None => Duration::from_secs(60),
             Some(interval) => {
+                forget_dropped_databases();
                 match prune::in_transaction(databases) {
                     Ok(dbs) => {
                         failures = 0;
@@ -174,7 +175,37 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
     log!("dedup launcher stopped");
 }
 
-/// Start the worker for one database and wait until it has finished.
+/// Drop the counters of databases that no longer exist: the counter table evicts nothing,
+/// so these would otherwise hold their entries until dedup.stats_reset().
+fn forget_dropped_databases() {
+    let counted = stats::counted_databases();
+    if counted.is_empty() {
+        return;
+    }
+    let gone = prune::in_transaction(|| {
+        counted
+            .iter()
+            .copied()
+            // SAFETY: inside a transaction (in_transaction, whose PgTry catches the
+            // syscache lookup's ERRORs); get_database_name returns NULL for a database
+            // that does not exist, else a palloc'd name we only test for NULL.
+            .filter(|db| unsafe { pg_sys::get_database_name(*db).is_null() })
+            .collect::<Vec<_>>()
+    });
+    match gone {
+        Ok(gone) => {
+            let n = stats::forget_databases(&gone);
+            if n > 0 {
+                debug1!("dedup launcher: forgot {n} counter entries of dropped databases");
+            }
+        }
+        Err(message) => {
+            warning!("dedup launcher: checking for dropped databases failed: {message}")
+        }
+    }
+}
+
+/// Start the worker for one database and wait until it has finished./// Start the worker for one database and wait until it has finished.
 fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
     let handle = BackgroundWorkerBuilder::new(PRUNER)
         .set_type(PRUNER)

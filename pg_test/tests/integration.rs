@@ -109,6 +109,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     stats::exporter_query_runs,
     stats::invented_names_cannot_evict_other_counters,
     stats::a_torn_or_altered_counter_file_is_refused,
+    stats::counters_of_a_dropped_database_are_forgotten,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     versions::one_version_everywhere,
     docs::readme_documents_every_function_and_setting,

@@ -412,3 +412,36 @@ pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> 
     }
     Ok(())
 }
+
+/// The counter table evicts nothing, so the launcher forgets the entries of a dropped
+/// database (at its next pass); those of the other databases stay.
+pub async fn counters_of_a_dropped_database_are_forgotten(_ctx: Ctx) -> Result<()> {
+    let cluster = Cluster::start(preloaded("stats-dropped").set("dedup.prune_interval", "1s"))?;
+    for db in ["gone", "kept"] {
+        cluster.create_db_with_extension(db)?;
+        let c = as_consumer(&cluster, db, "consumer").await?;
+        c.batch_execute("SELECT dedup.try_claim(g) FROM generate_series(1, 3) g")
+            .await?;
+    }
+    let admin = connect(&cluster.dsn("kept")).await?;
+    let n: i64 = admin
+        .query_one("SELECT entries FROM dedup.stats_info()", &[])
+        .await?
+        .get(0);
+    ensure_eq(n, 3, "entries: two databases and the overflow row")?;
+    admin.batch_execute("DROP DATABASE gone").await?;
+    crate::worker::eventually(20, "the dropped database's counters forgotten", || async {
+        let n: i64 = admin
+            .query_one("SELECT entries FROM dedup.stats_info()", &[])
+            .await?
+            .get(0);
+        Ok(n == 2)
+    })
+    .await?;
+    ensure_eq(
+        counters(&admin, "kept").await?.get("consumer").copied(),
+        Some((3, 0, 0, 0)),
+        "the counters of the database that stays",
+    )?;
+    Ok(())
+}
