@@ -3,10 +3,12 @@
 //! A launcher (registered at server start through `shared_preload_libraries = 'dedup'`,
 //! started once the server accepts writes, so never on a standby and right after a
 //! promotion) wakes every `dedup.prune_interval`, lists the databases that accept
-//! connections, and for each starts a short-lived worker connected to it, one at a time.
-//! That worker checks for the extension (and leaves quietly without it), takes the prune
-//! advisory lock (and leaves if a prune already runs there), and sweeps the claim table in
-//! batches, each its own transaction, stopping between batches on SIGTERM.
+//! connections, forgets the counters of dropped databases, and for each database starts a
+//! short-lived worker connected to it, one at a time. That worker pins its settings, checks
+//! for the extension without SQL (and leaves quietly without it), takes the prune lock
+//! (and leaves if a prune already runs there), and sweeps the claim table in batches, each
+//! its own transaction, stopping between batches on SIGTERM or when the database is being
+//! dropped.
 use crate::{guc, prune, stats};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -205,7 +207,7 @@ fn forget_dropped_databases() {
     }
 }
 
-/// Start the worker for one database and wait until it has finished./// Start the worker for one database and wait until it has finished.
+/// Start the worker for one database and wait until it has finished.
 fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
     let handle = BackgroundWorkerBuilder::new(PRUNER)
         .set_type(PRUNER)
