@@ -1,5 +1,5 @@
 //! The claim path: `dedup.try_claim(job_id, scope)`.
-use crate::{compat, error, guc, stats};
+use crate::{citus, compat, error, guc, stats};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -176,11 +176,16 @@ pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
     check_transaction();
-    // SAFETY: insert_claim's contract holds: we are in a transaction that may write
-    // (check_writable refused a standby, a read-only transaction and parallel mode), on the
-    // backend's main thread, under the pgrx guard of the #[pg_extern] function that called
-    // us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
-    let outcome = unsafe { insert_claim(scope, job_id, fingerprint) };
+    // On Citus (dedup.distribute()), a statement Citus routes to the job's shard instead.
+    let outcome = if citus::routes_claims() {
+        citus::claim(FUNC, scope, job_id, fingerprint)
+    } else {
+        // SAFETY: insert_claim's contract holds: we are in a transaction that may write
+        // (check_writable refused a standby, a read-only transaction and parallel mode), on
+        // the backend's main thread, under the pgrx guard of the #[pg_extern] function that
+        // called us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
+        unsafe { insert_claim(scope, job_id, fingerprint) }
+    };
     stats::count(
         scope,
         match outcome {

@@ -4,7 +4,7 @@
 //! CONFLICT DO UPDATE` takes a job or an expired lease over atomically, and PL/pgSQL can
 //! raise dedup's own SQLSTATEs). This file holds what they share with `try_claim`: the
 //! argument checks, and the result of a job claimed with `try_claim`.
-use crate::{claim, error};
+use crate::{citus, claim, error};
 use pgrx::datum::{DatumWithOid, JsonB};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -39,10 +39,42 @@ fn set_result(
 ) {
     const F: &str = "dedup.set_result";
     check_claim(F, job_id, scope, None);
+    let args = [
+        DatumWithOid::from(job_id),
+        DatumWithOid::from(scope),
+        DatumWithOid::from(result),
+    ];
+    if citus::routes_claims() {
+        // On Citus: the claim was a routed INSERT this transaction made as the caller (a
+        // shard row's xmin is another node's); the UPDATE goes the same way, as the caller,
+        // over the connection that wrote the claim.
+        let (job_id, scope) = (job_id.unwrap_or_default(), scope.unwrap_or_default());
+        if !citus::claimed_here(scope, job_id) {
+            error::not_claimed_here(F);
+        }
+        let updated = citus::as_caller(|| {
+            Spi::connect_mut(|c| {
+                c.update(
+                    "UPDATE dedup.processed AS p SET result = $3 \
+                      WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
+                        AND p.lease_expires_at IS NULL",
+                    None,
+                    &args,
+                )
+                .map(|t| t.len())
+            })
+        })
+        .unwrap_or_else(|e| pgrx::error!("{F}: {e}"));
+        if updated == 0 {
+            // Claimed in a savepoint since rolled back.
+            error::not_claimed_here(F);
+        }
+        return;
+    }
     let found = Spi::get_two_with_args::<String, bool>(
         "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL FROM dedup.processed AS p \
          WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
-        &[DatumWithOid::from(job_id), DatumWithOid::from(scope)],
+        &args[..2],
     );
     let (xmin, leased) = match found {
         Ok((Some(xmin), Some(leased))) => (xmin, leased),
@@ -63,13 +95,46 @@ fn set_result(
     Spi::run_with_args(
         "UPDATE dedup.processed AS p SET result = $3 \
          WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
-        &[
-            DatumWithOid::from(job_id),
-            DatumWithOid::from(scope),
-            DatumWithOid::from(result),
-        ],
+        &args,
     )
     .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+}
+
+/// `dedup._claim_result(job_id, scope)`: the row behind `dedup.claim_result`, which calls it
+/// as the extension's owner (SECURITY DEFINER). On Citus the SELECT runs as the caller
+/// instead, over the connection the caller's claim used (Citus refuses to read a shard
+/// placement this transaction wrote as another role).
+#[pg_extern(name = "_claim_result", stable, parallel_restricted)]
+pub(crate) fn claim_result_row(
+    job_id: Option<&str>,
+    scope: Option<&str>,
+) -> TableIterator<
+    'static,
+    (
+        name!(result, Option<JsonB>),
+        name!(claimed_at, Option<pgrx::datum::TimestampWithTimeZone>),
+    ),
+> {
+    let query = "SELECT p.result, p.processed_at FROM dedup.processed AS p \
+                  WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
+                    AND p.lease_expires_at IS NULL";
+    let args = [DatumWithOid::from(job_id), DatumWithOid::from(scope)];
+    let read = || {
+        Spi::connect(|c| {
+            let mut rows = Vec::new();
+            for row in c.select(query, None, &args)? {
+                rows.push((row.get::<JsonB>(1)?, row.get(2)?));
+            }
+            Ok::<_, pgrx::spi::Error>(rows)
+        })
+    };
+    let rows = if citus::routes_claims() {
+        citus::as_caller(read)
+    } else {
+        read()
+    }
+    .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: {e}"));
+    TableIterator::new(rows)
 }
 
 // 0.3.0: the lease functions, try_claim with a fingerprint, claim_result.

@@ -3,6 +3,7 @@
 //! This file only wires modules together: each concern lives in the file named after it.
 use pgrx::prelude::*;
 
+mod citus;
 mod claim;
 mod compat;
 mod error;
@@ -29,6 +30,14 @@ extension_sql_file!(
     "../sql/hardening.sql",
     name = "hardening",
     requires = ["stats"]
+);
+
+// 0.6.0: Citus (issue 13): dedup.distribute(), dedup.cluster_stats(), claim_result through
+// dedup._claim_result.
+extension_sql_file!(
+    "../sql/citus.sql",
+    name = "citus",
+    requires = ["hardening", "leases", lease::claim_result_row]
 );
 
 /// Called once per backend when the library is loaded (at the first call of one of

@@ -12,7 +12,7 @@
 //! Concurrent claims are never blocked by a prune except for the key being deleted: a
 //! claim of a key whose old row a batch is deleting waits for that batch to commit, then
 //! inserts its new row (one winner, by the primary key, as always).
-use crate::{claim, error, guc};
+use crate::{citus, claim, error, guc};
 use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -134,15 +134,72 @@ impl Cutoffs {
     }
 }
 
-/// The claim table's size in blocks now.
-fn table_blocks() -> u32 {
+/// What a pass deletes from: `dedup.processed`, or on Citus each of its shard placements
+/// on this node (the distributed table's own local relation is an empty shell there).
+pub struct Target {
+    /// None: `dedup.processed`, found by name (claim::open_processed).
+    relid: Option<pg_sys::Oid>,
+    /// The qualified name, for the DELETE.
+    name: String,
+}
+
+/// The relations a pass of this node prunes (inside a transaction).
+fn targets() -> Vec<Target> {
+    if citus::routes_claims() {
+        citus::local_shards()
+            .into_iter()
+            .map(|(oid, name)| Target {
+                relid: Some(oid),
+                name,
+            })
+            .collect()
+    } else {
+        vec![Target {
+            relid: None,
+            name: "dedup.processed".to_string(),
+        }]
+    }
+}
+
+/// Open `target` with RowExclusiveLock; None for a shard that is gone (moved away since
+/// the pass listed it).
+///
+/// # Safety
+///
+/// As claim::open_processed: in a transaction, under pgrx's guard; the caller closes the
+/// relation returned.
+unsafe fn open_target(target: &Target) -> Option<pg_sys::Relation> {
+    let Some(relid) = target.relid else {
+        return Some(claim::open_processed());
+    };
+    // SAFETY: try_table_open returns NULL, holding no lock, for a relation that no longer
+    // exists; rd_rel is read at once; the name checks keep us to dedup's shard placements
+    // (a later relation with the recycled OID is closed again and skipped).
+    let rel = pg_sys::try_table_open(relid, pg_sys::RowExclusiveLock as _);
+    if rel.is_null() {
+        return None;
+    }
+    let form = (*rel).rd_rel;
+    let name = std::ffi::CStr::from_ptr((*form).relname.data.as_ptr());
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    if (*form).relnamespace != nsp || !name.to_bytes().starts_with(b"processed_") {
+        pg_sys::table_close(rel, pg_sys::RowExclusiveLock as _);
+        return None;
+    }
+    Some(rel)
+}
+
+/// The target's size in blocks now (0 when it is gone).
+fn table_blocks(target: &Target) -> u32 {
     // SAFETY: called inside a transaction, under pgrx's guard (the #[pg_extern]
-    // dedup.prune(), or in_transaction's PgTry in the worker), as open_processed and
+    // dedup.prune(), or in_transaction's PgTry in the worker), as open_target and
     // check_layout require; their ERRORs and RelationGetNumberOfBlocksInFork's (an smgr
-    // I/O error) unwind to that guard. `rel` is open from open_processed to table_close;
+    // I/O error) unwind to that guard. `rel` is open from open_target to table_close;
     // NoLock keeps the RowExclusiveLock until the transaction ends.
     unsafe {
-        let rel = claim::open_processed();
+        let Some(rel) = open_target(target) else {
+            return 0;
+        };
         claim::check_layout(rel);
         let n = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
         pg_sys::table_close(rel, pg_sys::NoLock as _);
@@ -163,16 +220,17 @@ fn table_blocks() -> u32 {
 /// did not (the relation reference, the scan's buffer pins and the registered snapshot,
 /// through the resource owner).
 unsafe fn expired_in_range(
+    target: &Target,
     start: u32,
     count: u32,
     scope: Option<&str>,
     cutoffs: &Cutoffs,
     limit: usize,
 ) -> Option<(Vec<pg_sys::ItemPointerData>, claim::Layout)> {
-    // SAFETY: `rel` is open (RowExclusiveLock) from open_processed until one of the
+    // SAFETY: `rel` is open (RowExclusiveLock) from open_target until one of the
     // table_close calls below; check_layout verified it is a heap table, which
     // heap_setscanlimits below requires (it casts the scan to a HeapScanDesc).
-    let rel = claim::open_processed();
+    let rel = open_target(target)?;
     let layout = claim::check_layout(rel);
     let blocks = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
     if start >= blocks {
@@ -236,8 +294,10 @@ unsafe fn expired_in_range(
 /// in a transaction still open) is skipped, not waited for: the next pass gets it, and no
 /// open transaction anywhere holds up a pass (issue 11, finding 2).
 fn delete_expired(
+    target: &Target,
     tids: Vec<pg_sys::ItemPointerData>,
     layout: claim::Layout,
+    cutoffs: &Cutoffs,
     per_scope: &mut BTreeMap<String, i64>,
 ) -> i64 {
     // A lease still running is never pruned (the lease columns exist from 0.3.0 on).
@@ -248,27 +308,46 @@ fn delete_expired(
                   OR p.lease_expires_at OPERATOR(pg_catalog.<) pg_catalog.now())"
         }
     };
+    // The cutoffs read at the start of this batch's transaction are passed in, not joined
+    // from dedup.scope_retention: on Citus that is a reference table, which a statement on
+    // a shard placement cannot join.
     let query = format!(
         "WITH expired AS ( \
-             SELECT p.ctid FROM dedup.processed AS p \
+             SELECT p.ctid FROM {table} AS p \
               WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
                 AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                      (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
-                         FROM dedup.scope_retention AS r \
-                        WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
-                      pg_catalog.now() OPERATOR(pg_catalog.-) \
-                        pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
+                      (SELECT c.cutoff \
+                         FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), \
+                                         pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
+                        WHERE c.scope OPERATOR(pg_catalog.=) p.scope), \
+                      $2::pg_catalog.timestamptz) \
                 {leases} \
               FOR UPDATE OF p SKIP LOCKED) \
-         DELETE FROM dedup.processed AS p \
+         DELETE FROM {table} AS p \
           WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
-         RETURNING p.scope"
+         RETURNING p.scope",
+        table = target.name
     );
+    let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
+        .scopes
+        .iter()
+        .map(|(s, c)| (s.clone(), timestamp(*c)))
+        .unzip();
     let args = [
         DatumWithOid::from(tids),
-        DatumWithOid::from(f64::from(guc::RETENTION.get())),
+        DatumWithOid::from(timestamp(cutoffs.global)),
+        DatumWithOid::from(scopes),
+        DatumWithOid::from(limits),
     ];
     Spi::connect_mut(|c| {
+        if target.relid.is_some() {
+            // A shard placement: Citus refuses changes made to it by name unless told.
+            c.update(
+                "SELECT pg_catalog.set_config('citus.enable_manual_changes_to_shards', 'on', true)",
+                None,
+                &[],
+            )?;
+        }
         let rows = c.update(query.as_str(), None, &args)?;
         let mut n = 0;
         for row in rows {
@@ -279,6 +358,14 @@ fn delete_expired(
         Ok::<_, pgrx::spi::Error>(n)
     })
     .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))
+}
+
+/// A `timestamptz` of microseconds since 2000-01-01.
+fn timestamp(micros: i64) -> TimestampWithTimeZone {
+    // SAFETY: any i64 is a valid timestamptz datum (infinity included).
+    unsafe {
+        TimestampWithTimeZone::from_datum(pg_sys::Datum::from(micros), false).expect("not null")
+    }
 }
 
 /// What a batch found.
@@ -293,17 +380,25 @@ enum Batch {
 }
 
 /// One batch, inside a transaction; adds what it deleted to `pass`.
-fn batch(start: u32, count: u32, scope: Option<&str>, limit: usize, pass: &mut Pass) -> Batch {
+fn batch(
+    target: &Target,
+    start: u32,
+    count: u32,
+    scope: Option<&str>,
+    limit: usize,
+    pass: &mut Pass,
+) -> Batch {
     let cutoffs = Cutoffs::load();
     // SAFETY: inside a transaction with a snapshot (in_transaction, or the caller's); the
     // function's errors are raised through the guard of the #[pg_extern] or in_transaction.
-    let Some((tids, layout)) = (unsafe { expired_in_range(start, count, scope, &cutoffs, limit) })
+    let Some((tids, layout)) =
+        (unsafe { expired_in_range(target, start, count, scope, &cutoffs, limit) })
     else {
         return Batch::PastTheEnd;
     };
     let full = tids.len() == limit;
     if !tids.is_empty() {
-        pass.deleted += delete_expired(tids, layout, &mut pass.per_scope);
+        pass.deleted += delete_expired(target, tids, layout, &cutoffs, &mut pass.per_scope);
     }
     if full {
         Batch::Full
@@ -366,39 +461,48 @@ pub fn run_pass(
     let started = Instant::now();
     let mut pass = Pass::default();
     let batch_size = guc::PRUNE_BATCH_SIZE.get() as i64;
-    let blocks = match transactions {
-        Transactions::Caller => table_blocks(),
-        Transactions::PerBatch { .. } => in_transaction(table_blocks)?,
+    let targets = match transactions {
+        Transactions::Caller => targets(),
+        Transactions::PerBatch { .. } => in_transaction(targets)?,
     };
-    let mut start = 0;
-    while start < blocks {
-        let limit = match max_rows {
-            Some(max) if max - pass.deleted <= 0 => break,
-            Some(max) => (max - pass.deleted).min(batch_size),
-            None => batch_size,
-        } as usize;
-        let count = BLOCKS_PER_BATCH.min(blocks - start);
-        let found = match transactions {
-            Transactions::Caller => {
-                pg_sys::check_for_interrupts!();
-                batch(start, count, scope, limit, &mut pass)
-            }
-            Transactions::PerBatch { stop, pause } => {
-                if stop() {
-                    break;
-                }
-                let before = pass.deleted;
-                let found = in_transaction(|| batch(start, count, scope, limit, &mut pass))?;
-                if pass.deleted > before {
-                    pause();
-                }
-                found
-            }
+    for target in &targets {
+        let blocks = match transactions {
+            Transactions::Caller => table_blocks(target),
+            Transactions::PerBatch { .. } => in_transaction(|| table_blocks(target))?,
         };
-        match found {
-            Batch::Full => {}
-            Batch::Done => start += count,
-            Batch::PastTheEnd => break,
+        debug1!("dedup: pruning {} ({blocks} blocks)", target.name);
+        let mut start = 0;
+        while start < blocks {
+            let limit = match max_rows {
+                Some(max) if max - pass.deleted <= 0 => break,
+                Some(max) => (max - pass.deleted).min(batch_size),
+                None => batch_size,
+            } as usize;
+            let count = BLOCKS_PER_BATCH.min(blocks - start);
+            let found = match transactions {
+                Transactions::Caller => {
+                    pg_sys::check_for_interrupts!();
+                    batch(target, start, count, scope, limit, &mut pass)
+                }
+                Transactions::PerBatch { stop, pause } => {
+                    if stop() {
+                        pass.elapsed = started.elapsed();
+                        return Ok(pass);
+                    }
+                    let before = pass.deleted;
+                    let found =
+                        in_transaction(|| batch(target, start, count, scope, limit, &mut pass))?;
+                    if pass.deleted > before {
+                        pause();
+                    }
+                    found
+                }
+            };
+            match found {
+                Batch::Full => {}
+                Batch::Done => start += count,
+                Batch::PastTheEnd => break,
+            }
         }
     }
     pass.elapsed = started.elapsed();

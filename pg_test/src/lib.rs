@@ -2,6 +2,7 @@
 //! and tokio-postgres connections that keep the server's notices and warnings; and the
 //! guide's Redis Streams experiment ([`experiment`]).
 pub mod children;
+pub mod citus;
 pub mod cluster;
 pub mod experiment;
 

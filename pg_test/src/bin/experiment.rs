@@ -119,6 +119,7 @@ async fn orchestrate(cli: Cli) -> Result<()> {
     let exp = Experiment {
         config: cfg.clone(),
         pg_dsn: cluster.dsn("experiment"),
+        consumer_dsns: Vec::new(),
         redis_url: redis.url(),
         consumer_exe: std::env::current_exe()?,
     };

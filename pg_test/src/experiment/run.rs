@@ -80,6 +80,9 @@ impl RunResult {
 pub struct Experiment {
     pub config: Config,
     pub pg_dsn: String,
+    /// Where consumer i connects: `consumer_dsns[(i - 1) % len]`; `pg_dsn` when empty (on
+    /// Citus: the coordinator and the workers, one consumer each).
+    pub consumer_dsns: Vec<String>,
     pub redis_url: String,
     pub consumer_exe: PathBuf,
 }
@@ -218,7 +221,11 @@ impl Experiment {
             let args = ConsumerArgs {
                 name: format!("c{i}"),
                 redis_url: self.redis_url.clone(),
-                pg_dsn: self.pg_dsn.clone(),
+                pg_dsn: if self.consumer_dsns.is_empty() {
+                    self.pg_dsn.clone()
+                } else {
+                    self.consumer_dsns[(i as usize - 1) % self.consumer_dsns.len()].clone()
+                },
                 strategy: strategy.key.to_string(),
                 concurrency: cfg.concurrency as usize,
                 work: cfg.work,

@@ -35,6 +35,7 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
     let exp = Experiment {
         config: config.clone(),
         pg_dsn: ctx.dsn(),
+        consumer_dsns: Vec::new(),
         redis_url: redis.url(),
         consumer_exe: PathBuf::from(env!("CARGO_BIN_EXE_experiment")),
     };

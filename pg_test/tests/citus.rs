@@ -1,0 +1,994 @@
+//! dedup on a real Citus cluster (issue 13): a coordinator and two workers on loopback
+//! ports, dedup and Citus on each, claims made from every node over real connections.
+//!
+//! A custom harness like tests/integration.rs: one cluster for the whole suite, the tests
+//! one after another (each its own tables and job ids), non-zero exit if any failed.
+//! `scripts/test.sh` runs it on the major Citus is built for (scripts/citus.sh).
+//! `cargo test -p dedup-pg-test --test citus -- NAME` runs the tests whose name contains NAME.
+use anyhow::{bail, ensure, Context, Result};
+use dedup_pg_test::citus::{CitusCluster, DB};
+use dedup_pg_test::cluster;
+use dedup_pg_test::experiment::redis_server::RedisServer;
+use dedup_pg_test::experiment::report;
+use dedup_pg_test::experiment::run::Experiment;
+use dedup_pg_test::experiment::Config;
+use dedup_pg_test::{connect, connect_when_up, sqlstate, Conn};
+use futures_util::future::BoxFuture;
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The role the docs ("Scaling out with Citus") tell users to give their consumers: LOGIN
+/// and the grants on dedup.processed listed there, plus its own effect tables.
+const APP: &str = "app";
+const APP_GRANTS: &str = "GRANT SELECT, INSERT, UPDATE (result) ON dedup.processed TO app";
+
+/// The placements of dedup.processed's shards (citus_shards leaves out tables that belong
+/// to an extension).
+const PLACEMENTS: &str = "SELECT s.shardid, n.nodeport FROM pg_dist_shard AS s \
+     JOIN pg_dist_placement AS p USING (shardid) JOIN pg_dist_node AS n USING (groupid) \
+     WHERE s.logicalrelid = 'dedup.processed'::regclass";
+
+type Cc = Arc<Mutex<CitusCluster>>;
+type TestFn = fn(Cc) -> BoxFuture<'static, Result<()>>;
+
+macro_rules! tests {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), |cc| Box::pin($name(cc)))),*]
+    };
+}
+
+const TESTS: &[(&str, TestFn)] = tests![
+    distribute_refuses_claims_it_cannot_move_and_keeps_the_others,
+    thirty_two_connections_over_three_nodes_claim_each_id_once,
+    claim_and_effect_commit_together_colocated_or_not,
+    results_fingerprints_and_errors_through_citus,
+    killed_worker_backend_mid_transaction_leaves_neither,
+    worker_stopped_immediately_around_commit_prepared,
+    shard_move_while_claims_arrive,
+    leases_across_nodes_and_pruning_of_every_shard,
+    stats_per_node_and_for_the_cluster,
+    experiment_with_consumers_on_every_node,
+];
+
+fn dsns(cc: &Cc) -> Vec<String> {
+    cc.lock().unwrap().dsns()
+}
+
+async fn node(cc: &Cc, i: usize) -> Result<Conn> {
+    let dsn = dsns(cc)[i].clone();
+    connect(&dsn).await
+}
+
+async fn node_as(cc: &Cc, i: usize, user: &str) -> Result<Conn> {
+    let dsn = format!("{} user={user}", dsns(cc)[i]);
+    connect(&dsn).await
+}
+
+async fn one_bool(c: &Conn, sql: &str) -> Result<bool> {
+    Ok(c.query_one(sql, &[])
+        .await
+        .with_context(|| sql.to_string())?
+        .get(0))
+}
+
+async fn one_i64(c: &Conn, sql: &str) -> Result<i64> {
+    Ok(c.query_one(sql, &[])
+        .await
+        .with_context(|| sql.to_string())?
+        .get(0))
+}
+
+fn state_of<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>, what: &str) -> Result<String> {
+    match r {
+        Ok(v) => bail!("{what}: expected an error, got {v:?}"),
+        Err(e) => Ok(format!(
+            "{} {}",
+            sqlstate(&e).unwrap_or("-"),
+            e.as_db_error().map(|d| d.message()).unwrap_or_default()
+        )),
+    }
+}
+
+/// Before distribution a claim on a worker lands in that worker's own table: distribute()
+/// refuses to hide it. Claims on the coordinator move to the shards. Then the test tables.
+async fn distribute_refuses_claims_it_cannot_move_and_keeps_the_others(cc: Cc) -> Result<()> {
+    let coord = node(&cc, 0).await?;
+    let w1 = node(&cc, 1).await?;
+    coord
+        .batch_execute(
+            "BEGIN; SELECT dedup.try_claim('pre-1'); SELECT dedup.try_claim('pre-2'); COMMIT",
+        )
+        .await?;
+    w1.batch_execute("BEGIN; SELECT dedup.try_claim('worker-local'); COMMIT")
+        .await?;
+    let refused = state_of(
+        coord.query("SELECT dedup.distribute()", &[]).await,
+        "distribute with a worker's own claim",
+    )?;
+    ensure!(
+        refused.starts_with("55000") && refused.contains("Citus cannot move"),
+        "refusal: {refused}"
+    );
+    w1.batch_execute("DELETE FROM ONLY dedup.processed").await?;
+    coord.batch_execute("SELECT dedup.distribute()").await?;
+    // Again: a NOTICE, nothing else.
+    coord.batch_execute("SELECT dedup.distribute()").await?;
+    let notices = coord.take_notices();
+    ensure!(
+        notices
+            .iter()
+            .any(|n| n.message().contains("already distributed")),
+        "second call: {:?}",
+        notices.iter().map(|n| n.message()).collect::<Vec<_>>()
+    );
+    let kinds: Vec<String> = coord
+        .query(
+            "SELECT logicalrelid::text || ':' || partmethod::text FROM pg_dist_partition \
+              WHERE logicalrelid::text LIKE 'dedup.%' ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(
+        kinds == ["dedup.processed:h", "dedup.scope_retention:n"],
+        "distribution: {kinds:?}"
+    );
+    for i in 0..3 {
+        let c = node(&cc, i).await?;
+        let n = one_i64(
+            &c,
+            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'pre-%'",
+        )
+        .await?;
+        ensure!(
+            n == 2,
+            "node {i} sees {n} of the 2 claims made before distribution"
+        );
+        c.batch_execute("BEGIN").await?;
+        ensure!(
+            !one_bool(&c, "SELECT dedup.try_claim('pre-1')").await?,
+            "node {i}: pre-1 claimed again"
+        );
+        c.batch_execute("COMMIT").await?;
+    }
+    // The coordinator's shell holds nothing of its own any more.
+    let local = one_i64(
+        &coord,
+        "SET citus.enable_manual_changes_to_shards = on; \
+         SELECT count(*) FROM ONLY dedup.processed",
+    )
+    .await
+    .unwrap_or(0);
+    ensure!(
+        local == 0,
+        "the coordinator's local table kept {local} rows"
+    );
+
+    // The tables of the other tests: effects colocated with the claims (text COLLATE "C"),
+    // effects that are not (bigint key, their own colocation group), and the consumer role.
+    for sql in [
+        "CREATE TABLE effects_c (job_id text COLLATE \"C\" PRIMARY KEY, node int NOT NULL)".to_string(),
+        "SELECT create_distributed_table('effects_c', 'job_id', colocate_with => 'dedup.processed')".to_string(),
+        "CREATE TABLE effects_n (id bigint PRIMARY KEY, job_id text NOT NULL, node int NOT NULL)".to_string(),
+        "SELECT create_distributed_table('effects_n', 'id', colocate_with => 'none')".to_string(),
+        format!("CREATE ROLE {APP} LOGIN"),
+        APP_GRANTS.to_string(),
+        format!("GRANT SELECT, INSERT, DELETE ON effects_c, effects_n TO {APP}"),
+    ] {
+        coord.batch_execute(&sql).await.with_context(|| sql.clone())?;
+    }
+    Ok(())
+}
+
+/// 32 connections, spread over the coordinator and both workers, claim the same 2,000 ids
+/// in shuffled orders, each claim with its effect in one transaction: one winner per id.
+async fn thirty_two_connections_over_three_nodes_claim_each_id_once(cc: Cc) -> Result<()> {
+    let dsns = dsns(&cc);
+    let mut tasks = Vec::new();
+    for i in 0..32usize {
+        let dsn = format!("{} user={APP}", dsns[i % 3]);
+        tasks.push(tokio::spawn(async move {
+            let c = connect(&dsn).await?;
+            let mut ids: Vec<u32> = (0..2000).collect();
+            ids.shuffle(&mut rand::rng());
+            let mut won = Vec::new();
+            for id in ids {
+                let job = format!("c32-{id}");
+                c.batch_execute("BEGIN").await?;
+                let got: bool = c
+                    .query_one("SELECT dedup.try_claim($1)", &[&job])
+                    .await?
+                    .get(0);
+                if got {
+                    c.execute(
+                        "INSERT INTO effects_c (job_id, node) VALUES ($1, $2)",
+                        &[&job, &((i % 3) as i32)],
+                    )
+                    .await?;
+                    won.push(job);
+                }
+                c.batch_execute("COMMIT").await?;
+            }
+            Ok::<_, anyhow::Error>(won)
+        }));
+    }
+    let mut winners: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for job in t.await?? {
+            *winners.entry(job).or_default() += 1;
+        }
+    }
+    let twice = winners.values().filter(|n| **n > 1).count();
+    ensure!(
+        winners.len() == 2000 && twice == 0,
+        "{} ids won, {twice} more than once",
+        winners.len()
+    );
+    let coord = node(&cc, 0).await?;
+    let effects = one_i64(
+        &coord,
+        "SELECT count(*) FROM effects_c WHERE job_id LIKE 'c32-%'",
+    )
+    .await?;
+    let claims = one_i64(
+        &coord,
+        "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'c32-%'",
+    )
+    .await?;
+    ensure!(
+        effects == 2000 && claims == 2000,
+        "effects {effects}, claims {claims}"
+    );
+    let by_node: Vec<i64> = coord
+        .query(
+            "SELECT count(*) FROM effects_c WHERE job_id LIKE 'c32-%' GROUP BY node ORDER BY node",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    println!("  effects won through coordinator, worker 1, worker 2: {by_node:?}");
+    ensure!(by_node.len() == 3, "some node won nothing: {by_node:?}");
+    Ok(())
+}
+
+/// ROLLBACK leaves neither claim nor effect, COMMIT both: on a colocated effect table (one
+/// shard, one node) and on one that is not (Citus's two-phase commit), from each node.
+async fn claim_and_effect_commit_together_colocated_or_not(cc: Cc) -> Result<()> {
+    for i in 0..3usize {
+        let c = node_as(&cc, i, APP).await?;
+        for (k, table) in [(0, "effects_c"), (1, "effects_n")] {
+            let insert = if k == 0 {
+                "INSERT INTO effects_c (job_id, node) VALUES ($1, 0)".to_string()
+            } else {
+                format!(
+                    "INSERT INTO effects_n (id, job_id, node) VALUES ({}, $1, 0)",
+                    900_000 + i * 10
+                )
+            };
+            let job = format!("tx-{i}-{table}");
+            c.batch_execute("BEGIN").await?;
+            ensure!(c
+                .query_one("SELECT dedup.try_claim($1)", &[&job])
+                .await?
+                .get::<_, bool>(0));
+            c.execute(insert.as_str(), &[&job]).await?;
+            c.batch_execute("ROLLBACK").await?;
+            let both = format!(
+                "SELECT (SELECT count(*) FROM dedup.processed WHERE job_id = '{job}') * 10 + \
+                        (SELECT count(*) FROM {table} WHERE job_id = '{job}')"
+            );
+            ensure!(
+                one_i64(&c, &both).await? == 0,
+                "node {i} {table}: something survived ROLLBACK"
+            );
+            c.batch_execute("BEGIN").await?;
+            ensure!(c
+                .query_one("SELECT dedup.try_claim($1)", &[&job])
+                .await?
+                .get::<_, bool>(0));
+            c.execute(insert.as_str(), &[&job]).await?;
+            c.batch_execute("COMMIT").await?;
+            ensure!(
+                one_i64(&c, &both).await? == 11,
+                "node {i} {table}: claim and effect not both committed"
+            );
+            c.batch_execute("BEGIN").await?;
+            ensure!(!c
+                .query_one("SELECT dedup.try_claim($1)", &[&job])
+                .await?
+                .get::<_, bool>(0));
+            c.batch_execute("COMMIT").await?;
+        }
+    }
+    // The app role cannot forge a claim's time or delete one.
+    let app = node_as(&cc, 0, APP).await?;
+    let forged = state_of(
+        app.execute(
+            "UPDATE dedup.processed SET processed_at = now() - interval '1 year'",
+            &[],
+        )
+        .await,
+        "UPDATE processed_at as app",
+    )?;
+    ensure!(
+        forged.starts_with("42501"),
+        "forging processed_at: {forged}"
+    );
+    let deleted = state_of(
+        app.execute("DELETE FROM dedup.processed", &[]).await,
+        "DELETE as app",
+    )?;
+    ensure!(deleted.starts_with("42501"), "deleting claims: {deleted}");
+    Ok(())
+}
+
+/// set_result and claim_result in the claim's transaction, fingerprints (YD001) and bad
+/// input, through Citus and as the consumer role.
+async fn results_fingerprints_and_errors_through_citus(cc: Cc) -> Result<()> {
+    for i in 0..3usize {
+        let c = node_as(&cc, i, APP).await?;
+        let job = format!("res-{i}");
+        c.batch_execute("BEGIN").await?;
+        ensure!(c
+            .query_one("SELECT dedup.try_claim($1, 'default', 'fp-a')", &[&job])
+            .await?
+            .get::<_, bool>(0));
+        c.execute(
+            "INSERT INTO effects_c (job_id, node) VALUES ($1, 0)",
+            &[&job],
+        )
+        .await?;
+        c.execute("SELECT dedup.set_result($1, '{\"n\": 7}')", &[&job])
+            .await?;
+        c.batch_execute("COMMIT").await?;
+        let other = (i + 1) % 3;
+        let d = node_as(&cc, other, APP).await?;
+        d.batch_execute("BEGIN").await?;
+        ensure!(!d
+            .query_one("SELECT dedup.try_claim($1, 'default', 'fp-a')", &[&job])
+            .await?
+            .get::<_, bool>(0));
+        let r: String = d
+            .query_one("SELECT result::text FROM dedup.claim_result($1)", &[&job])
+            .await?
+            .get(0);
+        ensure!(r == r#"{"n": 7}"#, "claim_result from node {other}: {r}");
+        d.batch_execute("COMMIT").await?;
+        let mismatch = state_of(
+            d.query("SELECT dedup.try_claim($1, 'default', 'fp-b')", &[&job])
+                .await,
+            "another fingerprint",
+        )?;
+        ensure!(
+            mismatch.starts_with("YD001"),
+            "fingerprint mismatch: {mismatch}"
+        );
+        // set_result on a job this transaction did not claim.
+        let not_here = state_of(
+            d.query("SELECT dedup.set_result($1, '{}')", &[&job]).await,
+            "set_result of another transaction's claim",
+        )?;
+        ensure!(
+            !not_here.starts_with("XX"),
+            "set_result not claimed here: {not_here}"
+        );
+        let empty = state_of(d.query("SELECT dedup.try_claim('')", &[]).await, "empty id")?;
+        ensure!(empty.starts_with("22023"), "empty job id: {empty}");
+    }
+    Ok(())
+}
+
+/// The backends of a worker killed with SIGKILL while a transaction that claimed a job
+/// there (with its effect) is open: after the worker's crash recovery, neither survives,
+/// and the job can be claimed again.
+async fn killed_worker_backend_mid_transaction_leaves_neither(cc: Cc) -> Result<()> {
+    let coord = node(&cc, 0).await?;
+    // A job whose shard is on worker 1.
+    let w1_port = cc.lock().unwrap().workers[0].port as i32;
+    let job: String = coord
+        .query_one(
+            "SELECT j FROM generate_series(1, 1000) AS g, LATERAL (SELECT 'kill-' || g AS j) AS x \
+              WHERE (SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid) \
+                      WHERE p.shardid = get_shard_id_for_distribution_column('dedup.processed', j)) = $1 \
+              LIMIT 1",
+            &[&w1_port],
+        )
+        .await?
+        .get(0);
+    let app = node_as(&cc, 0, APP).await?;
+    app.batch_execute("BEGIN").await?;
+    ensure!(app
+        .query_one("SELECT dedup.try_claim($1)", &[&job])
+        .await?
+        .get::<_, bool>(0));
+    app.execute(
+        "INSERT INTO effects_c (job_id, node) VALUES ($1, 0)",
+        &[&job],
+    )
+    .await?;
+    // SIGKILL every backend on worker 1 that is inside a transaction (ours among them).
+    let w1 = node(&cc, 1).await?;
+    let pids: Vec<i32> = w1
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' \
+               AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(!pids.is_empty(), "no open transaction on worker 1");
+    for pid in &pids {
+        // SAFETY: a plain kill(2) of a server process of ours.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let committed = app.batch_execute("COMMIT").await;
+    ensure!(
+        committed.is_err(),
+        "COMMIT succeeded after its worker backend was killed"
+    );
+    let w1 = connect_when_up(&dsns(&cc)[1]).await?;
+    drop(w1);
+    let coord = connect_when_up(&dsns(&cc)[0]).await?;
+    // The coordinator's connections to the restarted worker come back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let both = format!(
+        "SELECT (SELECT count(*) FROM dedup.processed WHERE job_id = '{job}') * 10 + \
+                (SELECT count(*) FROM effects_c WHERE job_id = '{job}')"
+    );
+    let n = loop {
+        match one_i64(&coord, &both).await {
+            Ok(n) => break n,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    ensure!(n == 0, "after the kill: claims*10 + effects = {n}");
+    coord.batch_execute("BEGIN").await?;
+    ensure!(
+        one_bool(&coord, &format!("SELECT dedup.try_claim('{job}')")).await?,
+        "reclaim after kill"
+    );
+    coord.batch_execute("COMMIT").await?;
+    Ok(())
+}
+
+/// Transactions whose claim and effect are on different workers (two-phase commit) run
+/// while worker 2 is stopped with `-m immediate`, some before their PREPARE, some between
+/// PREPARE and COMMIT PREPARED, some during it. After the restart and Citus's recovery of
+/// prepared transactions: every job has its claim and its effect, or neither; every COMMIT
+/// the client saw succeed has both.
+async fn worker_stopped_immediately_around_commit_prepared(cc: Cc) -> Result<()> {
+    let dsns = dsns(&cc);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..8i64 {
+        let dsn = dsns[0].clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut committed = Vec::new();
+            let mut n = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(c) = connect(&dsn).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let job = format!("2pc-{t}-{n}");
+                    let id = 1_000_000 * (t + 1) + n;
+                    let r = async {
+                        c.batch_execute("BEGIN").await?;
+                        let got: bool = c
+                            .query_one("SELECT dedup.try_claim($1)", &[&job])
+                            .await?
+                            .get(0);
+                        if got {
+                            c.execute(
+                                "INSERT INTO effects_n (id, job_id, node) VALUES ($1, $2, 0)",
+                                &[&id, &job],
+                            )
+                            .await?;
+                        }
+                        c.batch_execute("COMMIT").await?;
+                        Ok::<_, tokio_postgres::Error>(got)
+                    }
+                    .await;
+                    match r {
+                        Ok(true) => committed.push(job),
+                        Ok(false) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+            committed
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    {
+        let mut g = cc.lock().unwrap();
+        g.workers[1].stop("immediate")?;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    {
+        let mut g = cc.lock().unwrap();
+        g.workers[1].start_again()?;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut committed = Vec::new();
+    for t in tasks {
+        committed.extend(t.await?);
+    }
+    let coord = connect_when_up(&dsns[0]).await?;
+    // Citus's maintenance daemon recovers every second here; ask once more to be sure.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = coord
+            .query_one("SELECT recover_prepared_transactions()", &[])
+            .await;
+        let pending = one_i64(
+            &coord,
+            "SELECT sum(result::int8)::int8 FROM run_command_on_workers('SELECT count(*) FROM pg_prepared_xacts')",
+        )
+        .await
+        .unwrap_or(1);
+        if r.is_ok() && pending == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "prepared transactions never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rows = coord
+        .query(
+            "SELECT coalesce(p.job_id, e.job_id), p.job_id IS NOT NULL, e.job_id IS NOT NULL \
+               FROM (SELECT job_id FROM dedup.processed WHERE job_id LIKE '2pc-%') AS p \
+               FULL JOIN (SELECT job_id FROM effects_n WHERE job_id LIKE '2pc-%') AS e USING (job_id)",
+            &[],
+        )
+        .await?;
+    let mut halves = Vec::new();
+    let mut present = std::collections::HashSet::new();
+    for r in &rows {
+        let (job, claim, effect): (String, bool, bool) = (r.get(0), r.get(1), r.get(2));
+        if claim != effect {
+            halves.push(job.clone());
+        }
+        present.insert(job);
+    }
+    let lost: Vec<_> = committed.iter().filter(|j| !present.contains(*j)).collect();
+    println!(
+        "  {} transactions committed, {} jobs with claim and effect, {} half-done, {} committed but missing",
+        committed.len(),
+        rows.len(),
+        halves.len(),
+        lost.len()
+    );
+    ensure!(
+        committed.len() > 50,
+        "too few transactions ran: {}",
+        committed.len()
+    );
+    ensure!(
+        halves.is_empty(),
+        "claim without effect or effect without claim: {halves:?}"
+    );
+    ensure!(lost.is_empty(), "committed but missing: {lost:?}");
+    Ok(())
+}
+
+/// Shards of dedup.processed (with their colocated effects) move to the other worker while
+/// 8 connections keep claiming, new ids and ids already claimed: no claim is lost, no id
+/// is won twice.
+async fn shard_move_while_claims_arrive(cc: Cc) -> Result<()> {
+    let dsns = dsns(&cc);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..8usize {
+        let dsn = format!("{} user={APP}", dsns[t % 3]);
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = connect(&dsn).await?;
+            let mut won = Vec::new();
+            let mut k = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                // Each id is tried by two tasks (t and t ^ 1).
+                let job = format!("move-{}-{k}", t / 2);
+                c.batch_execute("BEGIN").await?;
+                let got: bool = c
+                    .query_one("SELECT dedup.try_claim($1)", &[&job])
+                    .await?
+                    .get(0);
+                if got {
+                    c.execute(
+                        "INSERT INTO effects_c (job_id, node) VALUES ($1, 0)",
+                        &[&job],
+                    )
+                    .await?;
+                    won.push(job);
+                }
+                c.batch_execute("COMMIT").await?;
+            }
+            Ok::<_, anyhow::Error>(won)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let coord = node(&cc, 0).await?;
+    let (w1, w2) = {
+        let g = cc.lock().unwrap();
+        (g.workers[0].port as i32, g.workers[1].port as i32)
+    };
+    let shards: Vec<i64> = coord
+        .query(
+            &format!("{PLACEMENTS} AND n.nodeport = $1 ORDER BY s.shardid LIMIT 2"),
+            &[&w1],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(!shards.is_empty(), "no shard on worker 1");
+    for s in &shards {
+        coord
+            .execute(
+                "SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, shard_transfer_mode => 'force_logical')",
+                &[s, &w1, &w2],
+            )
+            .await
+            .with_context(|| format!("moving shard {s}"))?;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut winners: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for job in t.await?? {
+            *winners.entry(job).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = winners
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(j, _)| j.clone())
+        .collect();
+    let claims = one_i64(
+        &coord,
+        "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'move-%'",
+    )
+    .await?;
+    let effects = one_i64(
+        &coord,
+        "SELECT count(*) FROM effects_c WHERE job_id LIKE 'move-%'",
+    )
+    .await?;
+    let moved =
+        one_i64(
+            &coord,
+            &format!(
+            "SELECT count(*) FROM ({PLACEMENTS}) AS x WHERE shardid IN ({}) AND nodeport = {w2}",
+            shards.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")
+        ),
+        )
+        .await?;
+    println!(
+        "  moved {moved} shard(s) while {} jobs were won; {claims} claims, {effects} effects",
+        winners.len()
+    );
+    ensure!(moved == shards.len() as i64, "the shards did not move");
+    ensure!(twice.is_empty(), "won twice: {twice:?}");
+    ensure!(
+        claims == winners.len() as i64 && effects == claims,
+        "claims {claims}, effects {effects}, winners {}",
+        winners.len()
+    );
+    Ok(())
+}
+
+/// A lease taken on the coordinator expires and is taken over on a worker, once; the
+/// take-over completes. Then expired claims, on shards of both workers, are pruned by
+/// dedup.prune() on each node and by each node's worker; running leases stay.
+async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
+    let coord = node(&cc, 0).await?;
+    let w1 = node(&cc, 1).await?;
+    let w2 = node(&cc, 2).await?;
+    let first = coord
+        .query_one(
+            "SELECT status, lease_id FROM dedup.lease('lease-1', 'default', interval '1 second')",
+            &[],
+        )
+        .await?;
+    ensure!(first.get::<_, String>(0) == "acquired", "first lease");
+    let busy: String = w1
+        .query_one("SELECT status FROM dedup.lease('lease-1')", &[])
+        .await?
+        .get(0);
+    ensure!(busy == "busy", "second holder while the lease runs: {busy}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut takers = Vec::new();
+    for c in [&w1, &w2] {
+        let r = c
+            .query_one("SELECT status, lease_id FROM dedup.lease('lease-1')", &[])
+            .await?;
+        takers.push((r.get::<_, String>(0), r.get::<_, Option<uuid::Uuid>>(1)));
+    }
+    let acquired: Vec<_> = takers.iter().filter(|(s, _)| s == "acquired").collect();
+    ensure!(acquired.len() == 1, "take-overs after expiry: {takers:?}");
+    let lease_id = acquired[0].1.expect("a lease id");
+    w2.execute(
+        "SELECT dedup.complete('lease-1', $1, '{\"ok\": true}')",
+        &[&lease_id],
+    )
+    .await?;
+    let done: String = coord
+        .query_one("SELECT status FROM dedup.lease('lease-1')", &[])
+        .await?
+        .get(0);
+    ensure!(done == "done", "after complete: {done}");
+
+    // Old claims on every shard of a scope with a 1-hour retention; one running lease.
+    coord
+        .batch_execute(
+            "SELECT dedup.set_retention('old', interval '1 hour');
+             BEGIN; SELECT dedup.try_claim('old-' || g, 'old') FROM generate_series(1, 400) g; COMMIT;
+             SELECT dedup.lease('old-lease', 'old', interval '30 minutes');
+             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE scope = 'old';",
+        )
+        .await?;
+    let retention: String = w2
+        .query_one("SELECT dedup.retention('old')::text", &[])
+        .await?
+        .get(0);
+    ensure!(
+        retention == "01:00:00",
+        "retention seen on worker 2: {retention}"
+    );
+    let placements = one_i64(
+        &coord,
+        &format!("SELECT count(DISTINCT nodeport) FROM ({PLACEMENTS}) AS x"),
+    )
+    .await?;
+    ensure!(placements == 2, "shards on {placements} nodes");
+    // dedup.prune() on each node deletes what that node's shards hold, bounded per batch.
+    let mut deleted = 0;
+    for (i, c) in [&coord, &w1, &w2].into_iter().enumerate() {
+        let n = one_i64(c, "SELECT dedup.prune('old')").await?;
+        println!("  dedup.prune('old') on node {i}: {n}");
+        if i == 0 {
+            ensure!(n == 0, "the coordinator holds no shard, pruned {n}");
+        } else {
+            ensure!(n > 0, "worker {i} pruned nothing");
+        }
+        deleted += n;
+    }
+    ensure!(deleted == 400, "pruned {deleted} of 400");
+    let left: Vec<String> = coord
+        .query(
+            "SELECT job_id FROM dedup.processed WHERE scope = 'old'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(left == ["old-lease"], "left after the prune: {left:?}");
+
+    // The background workers: claims aged by hand disappear from both workers' shards.
+    coord
+        .batch_execute(
+            "BEGIN; SELECT dedup.try_claim('bg-' || g, 'old') FROM generate_series(1, 200) g; COMMIT;
+             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE job_id LIKE 'bg-%';",
+        )
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = one_i64(
+            &coord,
+            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'bg-%'",
+        )
+        .await?;
+        if n == 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the workers left {n} expired claims"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for (i, c) in [&w1, &w2].into_iter().enumerate() {
+        let by: String = c
+            .query_one(
+                "SELECT coalesce(max(pruned_by), '') FROM dedup.prune_status",
+                &[],
+            )
+            .await?
+            .get(0);
+        ensure!(!by.is_empty(), "worker {} recorded no pass", i + 1);
+    }
+    let still = one_i64(
+        &coord,
+        "SELECT count(*) FROM dedup.processed WHERE job_id = 'old-lease'",
+    )
+    .await?;
+    ensure!(still == 1, "the running lease was pruned");
+    Ok(())
+}
+
+/// Each node counts the claims made through it; dedup.cluster_stats() shows all of them.
+async fn stats_per_node_and_for_the_cluster(cc: Cc) -> Result<()> {
+    for i in 0..3usize {
+        let c = node(&cc, i).await?;
+        c.batch_execute(&format!(
+            "SET application_name = 'stats-node-{i}'; BEGIN; \
+             SELECT dedup.try_claim('st-{i}-' || g, 'stats') FROM generate_series(1, {n}) g; \
+             SELECT dedup.try_claim('st-{i}-1', 'stats'); COMMIT;",
+            n = 5 + i
+        ))
+        .await?;
+    }
+    let coord = node(&cc, 0).await?;
+    let rows = coord
+        .query(
+            "SELECT nodeport, claims, duplicates FROM dedup.cluster_stats() \
+              WHERE scope = 'stats' ORDER BY nodeport",
+            &[],
+        )
+        .await?;
+    let got: Vec<(i32, i64, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let ports: Vec<i32> = cc.lock().unwrap().nodes().map(|n| n.port as i32).collect();
+    let mut want: Vec<(i32, i64, i64)> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (*p, 5 + i as i64, 1))
+        .collect();
+    want.sort();
+    ensure!(got == want, "cluster_stats: {got:?}, want {want:?}");
+    Ok(())
+}
+
+/// The guide's experiment, try-claim strategy, without and with a SIGKILL of a consumer:
+/// three consumers, one on each node, 0 duplicates and 0 missing.
+async fn experiment_with_consumers_on_every_node(cc: Cc) -> Result<()> {
+    let coord = node(&cc, 0).await?;
+    coord
+        .batch_execute(
+            "CREATE TABLE effects (job_id bigint NOT NULL, consumer text NOT NULL, \
+                                   at timestamptz NOT NULL DEFAULT clock_timestamp());
+             SELECT create_distributed_table('effects', 'job_id', colocate_with => 'none');
+             CREATE TABLE processed (job_id bigint PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now());
+             SELECT create_distributed_table('processed', 'job_id', colocate_with => 'effects');",
+        )
+        .await?;
+    let redis = RedisServer::start().await?;
+    let config = Config {
+        jobs: 900,
+        runs: 1,
+        crash_after: Duration::from_millis(500),
+        strategies: vec!["try-claim".to_string()],
+        ..Config::default()
+    };
+    let dsns = dsns(&cc);
+    let exp = Experiment {
+        config: config.clone(),
+        pg_dsn: dsns[0].clone(),
+        consumer_dsns: dsns,
+        redis_url: redis.url(),
+        consumer_exe: PathBuf::from(env!("CARGO_BIN_EXE_experiment")),
+    };
+    let runs = exp
+        .run_matrix(|r| println!("  {}", report::run_summary(r).replace('\n', "\n  ")))
+        .await?;
+    ensure!(runs.len() == 2, "runs: {}", runs.len());
+    for r in &runs {
+        ensure!(r.drained, "a run did not drain");
+        ensure!(
+            r.duplicates == 0 && r.missing == 0,
+            "crash={}: {} duplicates, {} missing",
+            r.crash,
+            r.duplicates,
+            r.missing
+        );
+    }
+    ensure!(runs.iter().any(|r| r.crashed()), "no run had a crash");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    cluster::stop_all_on_signal();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let cc = match CitusCluster::start() {
+        Ok(c) => Arc::new(Mutex::new(c)),
+        Err(e) => {
+            eprintln!("could not start the Citus cluster: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "running the Citus tests against a coordinator and 2 workers (ports {:?}), database {DB}",
+        cc.lock()
+            .unwrap()
+            .nodes()
+            .map(|n| n.port)
+            .collect::<Vec<_>>()
+    );
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for (name, test) in TESTS {
+        // The first test distributes the claim table: the others need it.
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) && ran > 0 {
+            continue;
+        }
+        ran += 1;
+        let started = Instant::now();
+        let fut = test(cc.clone());
+        let result = runtime.block_on(async {
+            match tokio::time::timeout(Duration::from_secs(300), tokio::spawn(fut)).await {
+                Ok(Ok(r)) => r,
+                Ok(Err(join)) => Err(anyhow::anyhow!("panicked: {join}")),
+                Err(_) => Err(anyhow::anyhow!("timed out after 300 s")),
+            }
+        });
+        match result {
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                println!(
+                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
+                    started.elapsed().as_secs_f64()
+                );
+                failed.push(*name);
+            }
+        }
+    }
+    drop(runtime);
+    if !failed.is_empty() {
+        let g = cc.lock().unwrap();
+        for n in g.nodes() {
+            println!(
+                "server log of port {} (last lines):\n{}",
+                n.port,
+                n.log_tail(25)
+            );
+        }
+    }
+    drop(cc);
+    println!(
+        "\ncitus: {} passed, {} failed{}",
+        ran - failed.len(),
+        failed.len(),
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", failed.join(", "))
+        }
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
