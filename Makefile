@@ -1,5 +1,5 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo demo-sessions test bench setup package install
+.PHONY: demo demo-sessions test bench bench-citus setup package install
 
 demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
 	bash scripts/demo.sh $(ARGS)
@@ -12,6 +12,9 @@ test:  ## set up everything and pass every test, on every major (PG=17 for one)
 
 bench:  ## the pgbench comparison of the README (release build, several minutes)
 	PG="$(PG)" bash scripts/bench.sh
+
+bench-citus:  ## the Citus comparison of docs/citus.md: a coordinator and two workers (release build, about 5 minutes)
+	bash scripts/bench-citus.sh
 
 setup:  ## only the setup: Debian packages, the PostgreSQL trees, cargo-pgrx 0.18.1, cargo pgrx init
 	bash scripts/setup.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Citus, for the scale-out tests only (a test dependency, AGPL-3.0, never shipped with
-# dedup): builds the vendored Citus source once into the project's PostgreSQL tree of
-# CITUS_PG_MAJOR (default 17) and records what it built, so a re-run takes a second.
+# dedup): builds the vendored Citus source once into the project's PostgreSQL tree of each
+# major Citus supports (CITUS_MAJORS in scripts/pg.sh: 16, 17, 18) and records what it
+# built there, so a re-run takes a second. `scripts/citus.sh 17` builds for one major.
 #
 # The source cannot be downloaded here (no internet beyond the package registries): it is
 # read from DEDUP_CITUS_TARBALL, default ../shared/vendor/citus-14.0.1.tar.gz beside the
@@ -12,20 +13,30 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 CITUS_VERSION=14.0.1
 CITUS_SHA256=26ddb8ec9de07c5fa8426e435d10936e5cd6bed01a5ad94aab92e818081e5ec9
-CITUS_PG_MAJOR=${CITUS_PG_MAJOR:-17}
 tarball=${DEDUP_CITUS_TARBALL:-$ROOT/../shared/vendor/citus-$CITUS_VERSION.tar.gz}
 
 log() { printf '[citus] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-tree=$(pg_tree "$CITUS_PG_MAJOR")
-pg_config="$tree/bin/pg_config"
-stamp="$tree/.dedup-citus"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$CITUS_VERSION $CITUS_SHA256" ] &&
-    [ -f "$("$pg_config" --pkglibdir)/citus.so" ]; then
-    log "Citus $CITUS_VERSION present in $tree"
-    exit 0
-fi
+present() {
+    local major=$1 tree pg_config stamp
+    tree=$(pg_tree "$major")
+    pg_config="$tree/bin/pg_config"
+    stamp="$tree/.dedup-citus"
+    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$CITUS_VERSION $CITUS_SHA256" ] &&
+        [ -f "$("$pg_config" --pkglibdir)/citus.so" ]
+}
+
+todo=()
+for major in ${1:-${CITUS_MAJORS[*]}}; do
+    if present "$major"; then
+        log "Citus $CITUS_VERSION present in $(pg_tree "$major")"
+    else
+        todo+=("$major")
+    fi
+done
+[ ${#todo[@]} -eq 0 ] && exit 0
+
 if [ ! -f "$tarball" ]; then
     log "the Citus $CITUS_VERSION source is not at $tarball (set DEDUP_CITUS_TARBALL)"
     exit 1
@@ -46,14 +57,21 @@ if [ ${#missing[@]} -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-build=$(mktemp -d)
-trap 'rm -rf "$build"' EXIT
-log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$CITUS_PG_MAJOR]} (a few minutes on 2 cores)"
-tar xzf "$tarball" -C "$build"
-cd "$build"/citus-*
-./configure --quiet PG_CONFIG="$pg_config" >/dev/null
-make -s -j"$(nproc)" >/dev/null 2>"$build/make.log" || { tail -40 "$build/make.log" >&2; exit 1; }
-as_root make -s install >/dev/null
-as_root chmod -R a+rX "$tree"
-echo "$CITUS_VERSION $CITUS_SHA256" | as_root tee "$stamp" >/dev/null
-log "Citus $CITUS_VERSION installed into $tree"
+for major in "${todo[@]}"; do
+    tree=$(pg_tree "$major")
+    pg_config="$tree/bin/pg_config"
+    stamp="$tree/.dedup-citus"
+    build=$(mktemp -d)
+    log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$major]} (under a minute here, a few on a slower machine)"
+    tar xzf "$tarball" -C "$build"
+    (
+        cd "$build"/citus-*
+        ./configure --quiet PG_CONFIG="$pg_config" >/dev/null
+        make -s -j"$(nproc)" >/dev/null 2>"$build/make.log" || { tail -40 "$build/make.log" >&2; exit 1; }
+        as_root make -s install >/dev/null
+    )
+    as_root chmod -R a+rX "$tree"
+    rm -rf "$build"
+    echo "$CITUS_VERSION $CITUS_SHA256" | as_root tee "$stamp" >/dev/null
+    log "Citus $CITUS_VERSION installed into $tree"
+done

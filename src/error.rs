@@ -195,3 +195,15 @@ pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is
     )
     .report(PgLogLevel::WARNING);
 }
+
+/// `dedup.processed` is a Citus table, but not one distributed by job_id.
+pub fn not_hash_distributed(partmethod: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "dedup: dedup.processed is a Citus table that is not distributed by job_id (partmethod {partmethod})"
+        ),
+        "Claims are routed only on a hash-distributed claim table: run \
+         SELECT undistribute_table('dedup.processed') on the coordinator, then SELECT dedup.distribute().",
+    )
+}

@@ -49,10 +49,10 @@ fn set_result(
         // shard row's xmin is another node's); the UPDATE goes the same way, as the caller,
         // over the connection that wrote the claim.
         let (job_id, scope) = (job_id.unwrap_or_default(), scope.unwrap_or_default());
-        if !citus::claimed_here(scope, job_id) {
+        let Some(claimer) = citus::claimed_here(scope, job_id) else {
             error::not_claimed_here(F);
-        }
-        let updated = citus::as_caller(|| {
+        };
+        let updated = citus::as_caller(Some(claimer), || {
             Spi::connect_mut(|c| {
                 c.update(
                     "UPDATE dedup.processed AS p SET result = $3 \
@@ -129,7 +129,9 @@ pub(crate) fn claim_result_row(
         })
     };
     let rows = if citus::routes_claims() {
-        citus::as_caller(read)
+        // As the role that claimed the job in this transaction, if one did; else the caller.
+        let claimer = citus::claimed_here(scope.unwrap_or_default(), job_id.unwrap_or_default());
+        citus::as_caller(claimer, read)
     } else {
         read()
     }

@@ -37,7 +37,12 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/citus.sql",
     name = "citus",
-    requires = ["hardening", "leases", lease::claim_result_row]
+    requires = [
+        "hardening",
+        "leases",
+        lease::claim_result_row,
+        citus::distributed
+    ]
 );
 
 /// Called once per backend when the library is loaded (at the first call of one of

@@ -297,7 +297,6 @@ fn delete_expired(
     target: &Target,
     tids: Vec<pg_sys::ItemPointerData>,
     layout: claim::Layout,
-    cutoffs: &Cutoffs,
     per_scope: &mut BTreeMap<String, i64>,
 ) -> i64 {
     // A lease still running is never pruned (the lease columns exist from 0.3.0 on).
@@ -308,37 +307,66 @@ fn delete_expired(
                   OR p.lease_expires_at OPERATOR(pg_catalog.<) pg_catalog.now())"
         }
     };
-    // The cutoffs read at the start of this batch's transaction are passed in, not joined
-    // from dedup.scope_retention: on Citus that is a reference table, which a statement on
-    // a shard placement cannot join.
-    let query = format!(
-        "WITH expired AS ( \
-             SELECT p.ctid FROM {table} AS p \
-              WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
-                AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                      (SELECT c.cutoff \
-                         FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), \
-                                         pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
-                        WHERE c.scope OPERATOR(pg_catalog.=) p.scope), \
-                      $2::pg_catalog.timestamptz) \
-                {leases} \
-              FOR UPDATE OF p SKIP LOCKED) \
-         DELETE FROM {table} AS p \
-          WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
-         RETURNING p.scope",
-        table = target.name
-    );
-    let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
-        .scopes
-        .iter()
-        .map(|(s, c)| (s.clone(), timestamp(*c)))
-        .unzip();
-    let args = [
-        DatumWithOid::from(tids),
-        DatumWithOid::from(timestamp(cutoffs.global)),
-        DatumWithOid::from(scopes),
-        DatumWithOid::from(limits),
-    ];
+    // The age is checked again at DELETE time, against the retentions in force then. On
+    // dedup.processed the DELETE joins dedup.scope_retention; on a Citus shard placement it
+    // cannot (that table is a Citus reference table), so the retentions are read again just
+    // before it and passed in.
+    let shard_cutoffs = target.relid.map(|_| Cutoffs::load());
+    let query = match shard_cutoffs {
+        None => format!(
+            "WITH expired AS ( \
+                 SELECT p.ctid FROM {table} AS p \
+                  WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+                    AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
+                          (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                             FROM dedup.scope_retention AS r \
+                            WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
+                          pg_catalog.now() OPERATOR(pg_catalog.-) \
+                            pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
+                    {leases} \
+                  FOR UPDATE OF p SKIP LOCKED) \
+             DELETE FROM {table} AS p \
+              WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
+             RETURNING p.scope",
+            table = target.name
+        ),
+        Some(_) => format!(
+            "WITH expired AS ( \
+                 SELECT p.ctid FROM {table} AS p \
+                  WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+                    AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
+                          (SELECT c.cutoff \
+                             FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), \
+                                             pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
+                            WHERE c.scope OPERATOR(pg_catalog.=) p.scope), \
+                          $2::pg_catalog.timestamptz) \
+                    {leases} \
+                  FOR UPDATE OF p SKIP LOCKED) \
+             DELETE FROM {table} AS p \
+              WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
+             RETURNING p.scope",
+            table = target.name
+        ),
+    };
+    let args = match &shard_cutoffs {
+        None => vec![
+            DatumWithOid::from(tids),
+            DatumWithOid::from(f64::from(guc::RETENTION.get())),
+        ],
+        Some(cutoffs) => {
+            let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
+                .scopes
+                .iter()
+                .map(|(s, c)| (s.clone(), timestamp(*c)))
+                .unzip();
+            vec![
+                DatumWithOid::from(tids),
+                DatumWithOid::from(timestamp(cutoffs.global)),
+                DatumWithOid::from(scopes),
+                DatumWithOid::from(limits),
+            ]
+        }
+    };
     Spi::connect_mut(|c| {
         if target.relid.is_some() {
             // A shard placement: Citus refuses changes made to it by name unless told.
@@ -398,7 +426,7 @@ fn batch(
     };
     let full = tids.len() == limit;
     if !tids.is_empty() {
-        pass.deleted += delete_expired(target, tids, layout, &cutoffs, &mut pass.per_scope);
+        pass.deleted += delete_expired(target, tids, layout, &mut pass.per_scope);
     }
     if full {
         Batch::Full
@@ -465,7 +493,7 @@ pub fn run_pass(
         Transactions::Caller => targets(),
         Transactions::PerBatch { .. } => in_transaction(targets)?,
     };
-    for target in &targets {
+    'targets: for target in &targets {
         let blocks = match transactions {
             Transactions::Caller => table_blocks(target),
             Transactions::PerBatch { .. } => in_transaction(|| table_blocks(target))?,
@@ -474,7 +502,7 @@ pub fn run_pass(
         let mut start = 0;
         while start < blocks {
             let limit = match max_rows {
-                Some(max) if max - pass.deleted <= 0 => break,
+                Some(max) if max - pass.deleted <= 0 => break 'targets,
                 Some(max) => (max - pass.deleted).min(batch_size),
                 None => batch_size,
             } as usize;

@@ -14,8 +14,8 @@ pub struct CitusCluster {
     pub workers: Vec<Cluster>,
 }
 
-fn options(name: &str) -> Options {
-    Options::named(name)
+fn options(name: &str, extra: &[(String, String)]) -> Options {
+    let mut o = Options::named(name)
         .set("shared_preload_libraries", "citus,dedup")
         // Two-phase commit of multi-node transactions, and shard moves by logical
         // replication.
@@ -25,11 +25,20 @@ fn options(name: &str) -> Options {
         // Recover prepared transactions left by a node's crash soon (default 60 s).
         .set("citus.recover_2pc_interval", "1s")
         // The prune worker visits each database every 2 s here.
-        .set("dedup.prune_interval", "2")
+        .set("dedup.prune_interval", "2");
+    for (k, v) in extra {
+        o = o.set(k, v);
+    }
+    o
 }
 
 impl CitusCluster {
     pub fn start() -> Result<CitusCluster> {
+        Self::start_with(Vec::new())
+    }
+
+    /// With `conf` added to every node's settings (the benchmark's).
+    pub fn start_with(conf: Vec<(String, String)>) -> Result<CitusCluster> {
         let pg_config = crate::cluster::pg_config();
         let out = std::process::Command::new(&pg_config)
             .arg("--pkglibdir")
@@ -42,10 +51,10 @@ impl CitusCluster {
                 pg_config.display()
             );
         }
-        let coordinator = Cluster::start(options("citus-coordinator"))?;
+        let coordinator = Cluster::start(options("citus-coordinator", &conf))?;
         let workers = vec![
-            Cluster::start(options("citus-worker1"))?,
-            Cluster::start(options("citus-worker2"))?,
+            Cluster::start(options("citus-worker1", &conf))?,
+            Cluster::start(options("citus-worker2", &conf))?,
         ];
         let c = CitusCluster {
             coordinator,

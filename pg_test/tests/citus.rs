@@ -47,6 +47,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     thirty_two_connections_over_three_nodes_claim_each_id_once,
     claim_and_effect_commit_together_colocated_or_not,
     results_fingerprints_and_errors_through_citus,
+    set_result_after_rolling_back_the_claim_is_refused,
     killed_worker_backend_mid_transaction_leaves_neither,
     worker_stopped_immediately_around_commit_prepared,
     shard_move_while_claims_arrive,
@@ -115,6 +116,14 @@ async fn distribute_refuses_claims_it_cannot_move_and_keeps_the_others(cc: Cc) -
         "refusal: {refused}"
     );
     w1.batch_execute("DELETE FROM ONLY dedup.processed").await?;
+    let on_worker = state_of(
+        w1.query("SELECT dedup.distribute()", &[]).await,
+        "distribute on a worker",
+    )?;
+    ensure!(
+        on_worker.starts_with("55000") && on_worker.contains("worker"),
+        "on a worker: {on_worker}"
+    );
     coord.batch_execute("SELECT dedup.distribute()").await?;
     // Again: a NOTICE, nothing else.
     coord.batch_execute("SELECT dedup.distribute()").await?;
@@ -384,6 +393,44 @@ async fn results_fingerprints_and_errors_through_citus(cc: Cc) -> Result<()> {
         let empty = state_of(d.query("SELECT dedup.try_claim('')", &[]).await, "empty id")?;
         ensure!(empty.starts_with("22023"), "empty job id: {empty}");
     }
+    Ok(())
+}
+
+/// A claim rolled back to a savepoint is not this transaction's any more: after another
+/// transaction claimed the job and stored its result, set_result here is refused (55000)
+/// and the other transaction's result stays. (Before the subtransaction callback, the
+/// UPDATE went through and replaced it.)
+async fn set_result_after_rolling_back_the_claim_is_refused(cc: Cc) -> Result<()> {
+    let a = node_as(&cc, 0, APP).await?;
+    let b = node_as(&cc, 1, APP).await?;
+    a.batch_execute("BEGIN; SAVEPOINT s; SELECT dedup.try_claim('sp-1'); ROLLBACK TO SAVEPOINT s")
+        .await?;
+    b.batch_execute("BEGIN").await?;
+    ensure!(
+        one_bool(&b, "SELECT dedup.try_claim('sp-1')").await?,
+        "b's claim"
+    );
+    b.batch_execute("SELECT dedup.set_result('sp-1', '{\"by\": \"b\"}'); COMMIT")
+        .await?;
+    let refused = state_of(
+        a.query("SELECT dedup.set_result('sp-1', '{\"by\": \"a\"}')", &[])
+            .await,
+        "set_result of a claim rolled back to a savepoint",
+    )?;
+    a.batch_execute("ROLLBACK").await?;
+    let kept: String = b
+        .query_one("SELECT result->>'by' FROM dedup.claim_result('sp-1')", &[])
+        .await?
+        .get(0);
+    ensure!(kept == "b", "the stored result is {kept:?}'s");
+    ensure!(refused.starts_with("55000"), "refusal: {refused}");
+    // A claim kept through RELEASE SAVEPOINT is still this transaction's.
+    a.batch_execute(
+        "BEGIN; SAVEPOINT s; SELECT dedup.try_claim('sp-2'); RELEASE SAVEPOINT s; \
+         SELECT dedup.set_result('sp-2', '{}'); COMMIT",
+    )
+    .await
+    .context("set_result after RELEASE SAVEPOINT")?;
     Ok(())
 }
 

@@ -80,6 +80,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     errors::bad_input_over_the_wire,
     errors::warning_outside_a_transaction_block,
     errors::standby_refuses_claims,
+    errors::citus_functions_without_citus,
     lifecycle::extension_recreated_under_a_live_session,
     lifecycle::altered_table_is_refused,
     lifecycle::claims_go_on_while_the_table_is_truncated_and_vacuumed,

@@ -12,6 +12,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mut opts = Options::named("server");
     let mut db = None;
+    let mut citus = false;
     let mut cmd = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -21,6 +22,7 @@ fn main() -> Result<()> {
                 opts = opts.set(k, v);
             }
             "--db" => db = args.next(),
+            "--citus" => citus = true,
             "--" => {
                 cmd.extend(args.by_ref());
             }
@@ -31,6 +33,9 @@ fn main() -> Result<()> {
         bail!("no command; usage: with-server [--conf k=v]... [--db NAME] -- COMMAND...");
     }
     stop_all_on_signal();
+    if citus {
+        return with_citus(opts, &cmd);
+    }
     let mut cluster = Cluster::start(opts)?;
     eprintln!(
         "[with-server] PostgreSQL on 127.0.0.1:{} (data in {})",
@@ -55,4 +60,26 @@ fn main() -> Result<()> {
     drop(cluster);
     let status = status?;
     std::process::exit(status.code().unwrap_or(1));
+}
+
+fn with_citus(opts: Options, cmd: &[String]) -> Result<()> {
+    let cc = dedup_pg_test::citus::CitusCluster::start_with(opts.conf.clone())?;
+    cc.coordinator
+        .psql(dedup_pg_test::citus::DB, "SELECT dedup.distribute()")?;
+    let ports: Vec<String> = cc.nodes().map(|n| n.port.to_string()).collect();
+    eprintln!(
+        "[with-server] Citus cluster on 127.0.0.1 ports {}",
+        ports.join(" ")
+    );
+    let status = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", cc.coordinator.port.to_string())
+        .env("PGUSER", "postgres")
+        .env("PGDATABASE", dedup_pg_test::citus::DB)
+        .env("DEDUP_CITUS_PORTS", ports.join(" "))
+        .env("DEDUP_PG_BINDIR", &cc.coordinator.bindir)
+        .status();
+    drop(cc);
+    std::process::exit(status?.code().unwrap_or(1));
 }

@@ -155,3 +155,57 @@ pub async fn standby_refuses_claims(_ctx: Ctx) -> Result<()> {
     drop((standby, primary));
     Ok(())
 }
+
+/// Without Citus, the Citus functions exist and say what is missing (55000, with a hint);
+/// distribute() is the owner's, cluster_stats() pg_monitor's.
+pub async fn citus_functions_without_citus(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    for sql in [
+        "SELECT dedup.distribute()",
+        "SELECT * FROM dedup.cluster_stats()",
+    ] {
+        match c.query(sql, &[]).await {
+            Ok(_) => bail!("{sql}: succeeded without Citus"),
+            Err(e) => {
+                let db = e.as_db_error().context("a server error")?;
+                ensure_eq(db.code().code(), "55000", sql)?;
+                if !db.message().contains("Citus is not installed") || db.hint().is_none() {
+                    bail!("{sql}: {} (hint {:?})", db.message(), db.hint());
+                }
+            }
+        }
+    }
+    // Claims, leases and results work as ever (the lease functions' Citus form is not taken).
+    c.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&c, "SELECT dedup.try_claim('no-citus')").await?,
+        true,
+        "claim",
+    )?;
+    c.batch_execute("SELECT dedup.set_result('no-citus', '{\"a\": 1}'); COMMIT")
+        .await?;
+    let r: String = c
+        .query_one(
+            "SELECT result::text FROM dedup.claim_result('no-citus')",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(r.as_str(), r#"{"a": 1}"#, "claim_result")?;
+    ensure_eq(
+        claim(&c, "SELECT NOT dedup._distributed()").await?,
+        true,
+        "_distributed",
+    )?;
+    let (role, app) = crate::common::unprivileged(&ctx, "nocitus", "").await?;
+    for sql in [
+        "SELECT dedup.distribute()",
+        "SELECT * FROM dedup.cluster_stats()",
+    ] {
+        match app.query(sql, &[]).await {
+            Ok(_) => bail!("{sql}: allowed for {role}"),
+            Err(e) => ensure_eq(dedup_pg_test::sqlstate(&e), Some("42501"), sql)?,
+        }
+    }
+    Ok(())
+}
