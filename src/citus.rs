@@ -10,7 +10,7 @@
 //! placements on each node (prune.rs asks [`local_shards`]).
 //!
 //! On a server without Citus nothing here costs a claim more than one read of a cached
-//! flag: [`routes_claims`] answers false without a lookup.
+//! flag: [`route`] answers Local without a lookup.
 use crate::claim::Outcome;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
@@ -65,10 +65,24 @@ fn processed_oid() -> pg_sys::Oid {
     }
 }
 
-/// Whether Citus hash-distributes `relid` (what `dedup.distribute()` makes of the claim
-/// table; a reference or Citus-managed local table is not routed: each node would prune its
-/// own replica on its own schedule).
-fn is_distributed(relid: pg_sys::Oid) -> bool {
+/// Where claims of this database go.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Route {
+    /// Into the local `dedup.processed`: no Citus, or a coordinator (or single node) whose
+    /// claim table is not distributed.
+    Local = 0,
+    /// Through Citus, to the job's shard: `dedup.processed` is distributed by job_id.
+    Citus = 1,
+    /// Nowhere: a Citus worker whose claim table is not distributed (not yet, or no more).
+    /// A claim there would stay on this worker, unseen by the other nodes (issue 13's two
+    /// effects for one job), so claims are refused; pruning the local table is fine.
+    WorkerLocal = 2,
+}
+
+/// Where claims of `relid` go (see [`Route`]). A Citus table that is not hash-distributed
+/// (a reference or Citus-managed local table) is refused: each node would prune its own
+/// replica on its own schedule.
+fn route_of(relid: pg_sys::Oid) -> Route {
     // SAFETY: as in processed_oid: a syscache lookup that returns InvalidOid when Citus's
     // catalog is absent (the citus extension is not created in this database).
     let catalog = unsafe {
@@ -78,37 +92,56 @@ fn is_distributed(relid: pg_sys::Oid) -> bool {
         )
     };
     if catalog == pg_sys::InvalidOid {
-        return false;
+        return Route::Local;
     }
-    // A read-only statement (no transaction id is assigned: this works on a standby).
-    let kind = Spi::connect(|c| {
-        c.select(
-            "SELECT d.partmethod::pg_catalog.text FROM pg_catalog.pg_dist_partition AS d \
-              WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
-            Some(1),
-            &[DatumWithOid::from(relid)],
-        )?
-        .first()
-        .get_one::<String>()
-    });
-    match kind {
-        Ok(Some(k)) if k == "h" => true,
-        Ok(Some(k)) => crate::error::not_hash_distributed(&k),
-        // No row: not a Citus table.
-        Ok(None) | Err(pgrx::spi::SpiError::InvalidPosition) => false,
-        Err(e) => pgrx::error!("dedup: reading Citus's pg_dist_partition failed: {e}"),
+    // Read-only statements (no transaction id is assigned: this works on a standby).
+    let found = Spi::connect(|c| {
+        let kind = c
+            .select(
+                "SELECT d.partmethod::pg_catalog.text FROM pg_catalog.pg_dist_partition AS d \
+                  WHERE d.logicalrelid OPERATOR(pg_catalog.=) $1",
+                Some(1),
+                &[DatumWithOid::from(relid)],
+            )?
+            .first()
+            .get_one::<String>()
+            .or_else(|e| match e {
+                pgrx::spi::SpiError::InvalidPosition => Ok(None),
+                e => Err(e),
+            })?;
+        let worker = c
+            .select(
+                "SELECT g.groupid OPERATOR(pg_catalog.>) 0 FROM pg_catalog.pg_dist_local_group AS g",
+                Some(1),
+                &[],
+            )?
+            .first()
+            .get_one::<bool>()
+            .or_else(|e| match e {
+                pgrx::spi::SpiError::InvalidPosition => Ok(None),
+                e => Err(e),
+            })?;
+        Ok::<_, pgrx::spi::Error>((kind, worker.unwrap_or(false)))
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading Citus's catalog failed: {e}"));
+    match found {
+        (Some(k), _) if k == "h" => Route::Citus,
+        (Some(k), _) => crate::error::not_hash_distributed(&k),
+        (None, true) => Route::WorkerLocal,
+        (None, false) => Route::Local,
     }
 }
 
-/// Whether claims must go through Citus: the library is loaded and `dedup.processed` is a
-/// Citus table. Cached per backend until the table's relcache entry is invalidated.
-pub(crate) fn routes_claims() -> bool {
+/// Where claims go: Local without a lookup when the Citus library is not loaded; otherwise
+/// cached per backend until the claim table's relcache entry is invalidated (Citus
+/// invalidates it when it distributes or undistributes the table, on every node).
+pub(crate) fn route() -> Route {
     if !citus_loaded() {
-        return false;
+        return Route::Local;
     }
     let relid = processed_oid();
     if relid == pg_sys::InvalidOid {
-        return false;
+        return Route::Local;
     }
     // SAFETY: DISTRIBUTED and CALLBACK_REGISTERED are backend-local, main thread only.
     // CacheRegisterRelcacheCallback can raise an ERROR (too many callbacks) through the
@@ -124,15 +157,24 @@ pub(crate) fn routes_claims() -> bool {
         // Under REPEATABLE READ or SERIALIZABLE the lookup sees the transaction's snapshot,
         // which may predate a distribution committed since: such an answer is not kept.
         if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
-            return is_distributed(relid);
+            return route_of(relid);
         }
         let cached = std::ptr::addr_of_mut!(DISTRIBUTED);
         if (*cached).0 != relid || (*cached).1 < 0 {
-            let d = is_distributed(relid);
-            *cached = (relid, i8::from(d));
+            let r = route_of(relid);
+            *cached = (relid, r as i8);
         }
-        (*cached).1 == 1
+        match (*cached).1 {
+            1 => Route::Citus,
+            2 => Route::WorkerLocal,
+            _ => Route::Local,
+        }
     }
+}
+
+/// Whether claims go through Citus.
+pub(crate) fn routes_claims() -> bool {
+    route() == Route::Citus
 }
 
 /// `dedup._distributed()`: whether claims go through Citus in this database (the lease

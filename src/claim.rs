@@ -177,7 +177,11 @@ fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcom
     let scope = check_key(scope, job_id);
     check_transaction();
     // On Citus (dedup.distribute()), a statement Citus routes to the job's shard instead.
-    let outcome = if citus::routes_claims() {
+    let route = citus::route();
+    if route == citus::Route::WorkerLocal {
+        error::worker_not_distributed(FUNC);
+    }
+    let outcome = if route == citus::Route::Citus {
         citus::claim(FUNC, scope, job_id, fingerprint)
     } else {
         // SAFETY: insert_claim's contract holds: we are in a transaction that may write

@@ -207,3 +207,15 @@ pub fn not_hash_distributed(partmethod: &str) -> ! {
          SELECT undistribute_table('dedup.processed') on the coordinator, then SELECT dedup.distribute().",
     )
 }
+
+/// A claim on a Citus worker whose claim table is not distributed: it would stay there.
+pub fn worker_not_distributed(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!(
+            "{func}: this node is a Citus worker and dedup.processed is not distributed: \
+             a claim here would be seen by no other node"
+        ),
+        "Run SELECT dedup.distribute() on the coordinator (docs/citus.md), or claim on the coordinator.",
+    )
+}

@@ -26,6 +26,9 @@ fn check_claim(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprin
         claim::check_fingerprint(func, fp);
     }
     claim::check_writable(func);
+    if citus::route() == citus::Route::WorkerLocal {
+        error::worker_not_distributed(func);
+    }
 }
 
 /// `dedup.set_result(job_id, result, scope)`: store the result of a job this transaction

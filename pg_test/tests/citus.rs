@@ -105,8 +105,30 @@ async fn distribute_refuses_claims_it_cannot_move_and_keeps_the_others(cc: Cc) -
             "BEGIN; SELECT dedup.try_claim('pre-1'); SELECT dedup.try_claim('pre-2'); COMMIT",
         )
         .await?;
-    w1.batch_execute("BEGIN; SELECT dedup.try_claim('worker-local'); COMMIT")
-        .await?;
+    // Before distribution a worker refuses claims (they would stay on it, unseen by the
+    // other nodes: two effects for one job, as on 0.5.0) ...
+    let local = state_of(
+        w1.query("SELECT dedup.try_claim('worker-local')", &[])
+            .await,
+        "a claim on a worker before distribution",
+    )?;
+    ensure!(
+        local.starts_with("55000"),
+        "claim on a worker before distribution: {local}"
+    );
+    let lease = state_of(
+        w1.query("SELECT dedup.lease('worker-local')", &[]).await,
+        "a lease on a worker before distribution",
+    )?;
+    ensure!(
+        lease.starts_with("55000"),
+        "lease on a worker before distribution: {lease}"
+    );
+    // ... but an older version took them: one is there, written as 0.5.0 did.
+    w1.batch_execute(
+        "INSERT INTO dedup.processed (scope, job_id) VALUES ('default', 'worker-local')",
+    )
+    .await?;
     let refused = state_of(
         coord.query("SELECT dedup.distribute()", &[]).await,
         "distribute with a worker's own claim",
