@@ -25,7 +25,12 @@ if [ -n "${RATIO_ONLY:-}" ]; then
     exit 0
 fi
 
-# SKIP_ALTERNATED, SKIP_MIXED: leave out those parts (the sizes always run).
+# STATS_ONLY: only the counters on/off comparison below, then stop.
+if [ -n "${STATS_ONLY:-}" ]; then
+    SKIP_ALTERNATED=1 SKIP_MIXED=1
+fi
+
+# SKIP_ALTERNATED, SKIP_MIXED: leave out those parts (the sizes run unless STATS_ONLY).
 if [ -z "${SKIP_ALTERNATED:-}" ]; then
     bash "$here/pgbench.sh"
 fi
@@ -57,6 +62,7 @@ if psql -At -c "SELECT counting FROM dedup.stats_info()" 2>/dev/null | grep -q t
     done
     psql -c "ALTER DATABASE $PGDATABASE RESET dedup.track_stats"
 fi
+[ -z "${STATS_ONLY:-}" ] || exit 0
 
 # Bytes per claim after 1,000,000 claims, as inserted and after REINDEX (which packs the
 # btree leaves: what remains is the entries themselves, not the free space of page splits).

@@ -6,6 +6,7 @@
 #   make bench                      the whole comparison on PostgreSQL 15 (DEDUP_PG_MAJOR)
 #   make bench PG="15 16 17 18"     on each of those majors
 #   RATIO_ONLY=1 make bench PG=...  only the side-by-side try_claim / hand-written ratio
+#   STATS_ONLY=1 make bench          only the counters on/off comparison
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 majors=${PG:-$DEDUP_PG_MAJOR}
@@ -25,7 +26,7 @@ for major in $majors; do
     target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
         --conf checkpoint_timeout=30min --conf shared_preload_libraries=dedup --conf dedup.prune_interval=0 \
         --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
-    if [ -z "${RATIO_ONLY:-}" ]; then
+    if [ -z "${RATIO_ONLY:-}${STATS_ONLY:-}" ]; then
         step "PostgreSQL $major: instructions per transaction (callgrind)"
         bash bench/callgrind.sh | sed 's/^/callgrind /' | tee -a "$out"
     fi

@@ -190,7 +190,7 @@ static mut PLANS: Option<(OwnedPreparedStatement, OwnedPreparedStatement)> = Non
 
 const INSERT: &str = "INSERT INTO dedup.processed AS p (scope, job_id, fingerprint) \
                       VALUES ($1, $2, $3) ON CONFLICT (job_id, scope) DO NOTHING RETURNING true";
-const INSPECT: &str = "SELECT p.fingerprint, p.lease_expires_at IS NOT NULL FROM dedup.processed AS p \
+const INSPECT: &str = "SELECT p.fingerprint, p.lease_expires_at IS NOT NULL, p.processed_at FROM dedup.processed AS p \
                        WHERE p.job_id OPERATOR(pg_catalog.=) $2 AND p.scope OPERATOR(pg_catalog.=) $1";
 
 /// A claim through Citus: the INSERT is routed to the shard of `job_id` and run as the
@@ -231,18 +231,20 @@ pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&
             if let Some(row) = found.into_iter().next() {
                 let stored: Option<String> = row.get(1)?;
                 let leased: bool = row.get(2)?.unwrap_or(false);
+                let claimed_at: Option<pgrx::datum::TimestampWithTimeZone> = row.get(3)?;
+                let claimed_at = claimed_at.map_or(0, pg_sys::TimestampTz::from);
                 if leased {
                     crate::error::leased(func);
                 }
                 return Ok(match (stored, fingerprint) {
                     (Some(s), Some(f)) if s != f => Outcome::FingerprintMismatch,
-                    _ => Outcome::Duplicate,
+                    _ => Outcome::Duplicate { claimed_at },
                 });
             }
             // The row that stopped our INSERT is gone (pruned, or a lease released in
             // between): try again.
         }
-        Ok::<_, pgrx::spi::Error>(Outcome::Duplicate)
+        Ok::<_, pgrx::spi::Error>(Outcome::Duplicate { claimed_at: 0 })
     })
     .unwrap_or_else(|e| pgrx::error!("{func}: the claim through Citus failed: {e}"));
     if outcome == Outcome::Claimed {

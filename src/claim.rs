@@ -138,7 +138,7 @@ pub(crate) fn try_claim_fingerprint(
     }
     match claim(job_id, scope, fingerprint) {
         Outcome::Claimed => Some(true),
-        Outcome::Duplicate | Outcome::Busy => Some(false),
+        Outcome::Duplicate { .. } | Outcome::Busy { .. } => Some(false),
         Outcome::FingerprintMismatch => None,
     }
 }
@@ -149,11 +149,11 @@ pub(crate) enum Outcome {
     /// This transaction now holds the claim.
     Claimed,
     /// A claim exists (committed before this call looked, or taken earlier by this
-    /// transaction).
-    Duplicate,
+    /// transaction), made at `claimed_at` (its processed_at, microseconds since 2000).
+    Duplicate { claimed_at: i64 },
     /// A claim exists that a concurrent transaction committed while this call waited for
     /// it (or after the call's snapshot): a copy that was in flight at the same time.
-    Busy,
+    Busy { claimed_at: i64 },
     /// A claim exists, made with another payload fingerprint.
     FingerprintMismatch,
 }
@@ -176,6 +176,8 @@ pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
     check_transaction();
+    // When the claim began, for the wait a busy claim had (0: not counting).
+    let started = stats::clock_if_counting();
     // On Citus (dedup.distribute()), a statement Citus routes to the job's shard instead.
     let route = citus::route();
     if route == citus::Route::WorkerLocal {
@@ -194,8 +196,11 @@ fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcom
         scope,
         match outcome {
             Outcome::Claimed => stats::Event::Claim,
-            Outcome::Duplicate => stats::Event::Duplicate,
-            Outcome::Busy => stats::Event::Busy,
+            Outcome::Duplicate { claimed_at } => stats::Event::Duplicate { claimed_at },
+            Outcome::Busy { claimed_at } => stats::Event::Busy {
+                claimed_at,
+                started,
+            },
             Outcome::FingerprintMismatch => stats::Event::FingerprintMismatch,
         },
     );
@@ -410,16 +415,19 @@ unsafe fn inspect_conflict(
             in_flight = true;
         }
     }
+    let mut isnull = false;
+    // SAFETY: slot_getattr deforms the tuple held (and pinned) by the slot; processed_at
+    // (attribute 3, NOT NULL) exists in every layout and is a by-value timestamptz.
+    let claimed_at = pg_sys::slot_getattr(slot, PROCESSED_AT, &mut isnull).value() as i64;
     let duplicate = if in_flight {
-        Outcome::Busy
+        Outcome::Busy { claimed_at }
     } else {
-        Outcome::Duplicate
+        Outcome::Duplicate { claimed_at }
     };
     if layout == Layout::Claims {
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         return duplicate;
     }
-    let mut isnull = false;
     // SAFETY: slot_getattr deforms the tuple held (and pinned) by the slot; attribute 7
     // and 4 exist in the Leases layout (check_layout). The fingerprint datum points into
     // the pinned buffer page (or, were it compressed or toasted, to the copy

@@ -45,6 +45,14 @@ extension_sql_file!(
     ]
 );
 
+// 0.6.0: operating retention (issue 15): the duplicate ages and waits in dedup.stats,
+// dedup.table_health(), dedup.forget() and its audit table.
+extension_sql_file!(
+    "../sql/operations.sql",
+    name = "operations",
+    requires = ["citus", "stats", prune::caller]
+);
+
 /// Called once per backend when the library is loaded (at the first call of one of
 /// our functions, or at server start with `shared_preload_libraries`).
 #[pg_guard]

@@ -533,6 +533,15 @@ pub fn run_pass(
             }
         }
     }
+    // The audit rows of dedup.forget, once their scope's retention is over.
+    match transactions {
+        Transactions::Caller => {
+            prune_forgotten();
+        }
+        Transactions::PerBatch { .. } => {
+            in_transaction(prune_forgotten)?;
+        }
+    }
     pass.elapsed = started.elapsed();
     Ok(pass)
 }
@@ -646,6 +655,63 @@ fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, 
     };
     record_pass(scope, &pass, &by);
     pass.deleted
+}
+
+/// `dedup._caller()`: the role that called the SECURITY DEFINER function we are in (the
+/// session's current role, or the role of SET ROLE), for dedup.forget's audit row.
+#[pg_extern(name = "_caller", stable, parallel_safe)]
+pub(crate) fn caller() -> String {
+    // SAFETY: GetOuterUserId reads a global; GetUserNameFromId(noerr = false) raises an
+    // ERROR for a role that no longer exists, through this #[pg_extern]'s guard, and
+    // otherwise returns a NUL-terminated name palloc'd in CurrentMemoryContext, copied out
+    // at once.
+    unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetOuterUserId(), false))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Delete the audit rows of dedup.forget older than their scope's retention (0.6.0 on; a
+/// database whose extension is older has no such table). Few rows: one statement, the
+/// retentions passed in (on Citus dedup.scope_retention is a reference table, which a
+/// statement on the node's own dedup.forgotten cannot join).
+fn prune_forgotten() -> i64 {
+    // SAFETY: syscache lookups inside a transaction, under the caller's guard; InvalidOid
+    // for a missing name.
+    let exists = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+        nsp != pg_sys::InvalidOid
+            && pg_sys::get_relname_relid(c"forgotten".as_ptr(), nsp) != pg_sys::InvalidOid
+    };
+    if !exists {
+        return 0;
+    }
+    let cutoffs = Cutoffs::load();
+    let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
+        .scopes
+        .iter()
+        .map(|(s, c)| (s.clone(), timestamp(*c)))
+        .unzip();
+    Spi::connect_mut(|c| {
+        c.update(
+            "DELETE FROM dedup.forgotten AS f \
+              WHERE f.forgotten_at OPERATOR(pg_catalog.<) COALESCE( \
+                      (SELECT c.cutoff \
+                         FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), \
+                                         pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
+                        WHERE c.scope OPERATOR(pg_catalog.=) f.scope), \
+                      $1::pg_catalog.timestamptz)",
+            None,
+            &[
+                DatumWithOid::from(timestamp(cutoffs.global)),
+                DatumWithOid::from(scopes),
+                DatumWithOid::from(limits),
+            ],
+        )
+        .map(|t| t.len() as i64)
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: pruning dedup.forgotten failed: {e}"))
 }
 
 /// `dedup.set_retention(scope, retention)`: give `scope` its own retention; NULL removes it.

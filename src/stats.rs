@@ -18,7 +18,7 @@
 //! does; a file that is torn, altered or of another layout is refused whole.
 use crate::error;
 use crate::guc;
-use pgrx::datum::TimestampWithTimeZone;
+use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;
@@ -30,8 +30,9 @@ const MAX_CONSUMER: usize = 63;
 const STAT_FILE: &str = "pg_stat/dedup.stat";
 const STAT_FILE_TMP: &str = "pg_stat/dedup.stat.tmp";
 const FILE_MAGIC: u32 = 0x4445_4455; // "DEDU"
-/// 1: 0.4.0 (no layout, no checksum); 2: 0.5.0.
-const FILE_VERSION: u32 = 2;
+/// 1: 0.4.0 (no layout, no checksum); 2: 0.5.0 and 0.6.0; 3: 0.7.0 (duplicate ages and
+/// waits). A version 2 file is read; others are refused.
+const FILE_VERSION: u32 = 3;
 /// The scope the overflow entry is shown under (a claim's scope is never empty, so the
 /// entry's key, with an empty scope, is no real combination's).
 pub const OVERFLOW_SCOPE: &str = "(overflow)";
@@ -42,13 +43,22 @@ pub enum Event {
     /// The call took the job: `try_claim` returned true, `lease` acquired it.
     Claim,
     /// The job was done already: `try_claim` returned false at once, `lease` said done.
-    Duplicate,
+    /// `claimed_at`: when the claim it hit was made (microseconds since 2000; 0 unknown).
+    Duplicate { claimed_at: i64 },
     /// A concurrent holder had it: `try_claim` waited for another transaction's claim and
-    /// then returned false; `lease` said busy.
-    Busy,
+    /// then returned false (`started`: when the call began, from [`clock_if_counting`]; 0
+    /// for no wait); `lease` said busy.
+    Busy { claimed_at: i64, started: i64 },
     /// Another payload fingerprint (YD001).
     FingerprintMismatch,
 }
+
+/// Upper bounds of the duplicate-age buckets, in seconds; the last bucket has none. Half a
+/// day and 3.5 days are half of common retentions (1 day, and the default 7 days), so a
+/// copy arriving past half of them shows in a bucket of its own; `late_duplicates` counts
+/// that exactly, against each scope's own retention.
+pub const AGE_BOUNDS: [u64; 9] = [1, 60, 600, 3600, 21_600, 43_200, 86_400, 302_400, 604_800];
+const AGE_BUCKETS: usize = AGE_BOUNDS.len() + 1;
 
 /// The consumer's field: a name of at most [`MAX_CONSUMER`] bytes and one zero byte, which
 /// makes the key 200 bytes with no padding.
@@ -127,6 +137,56 @@ struct Entry {
     last_duplicate_at: AtomicU64,
     /// The last fingerprint mismatch.
     last_used_at: AtomicU64,
+    /// Duplicates (and busy copies) whose claim was older than half its scope's retention.
+    late_duplicates: AtomicU64,
+    /// Ages of the claims duplicates hit, microseconds: their sum and the largest, and a
+    /// count per bucket of AGE_BOUNDS.
+    age_sum: AtomicU64,
+    age_max: AtomicU64,
+    ages: [AtomicU64; AGE_BUCKETS],
+    /// Claims that waited for a concurrent holder of the same job: how many, and the time
+    /// waited (microseconds): in all, and the longest.
+    waits: AtomicU64,
+    wait_sum: AtomicU64,
+    wait_max: AtomicU64,
+}
+
+impl Entry {
+    /// Every counter, in the order of the counter file (version 3); the first six are
+    /// version 2's.
+    ///
+    /// # Safety
+    ///
+    /// `e` points to an entry of the shared table (its counters are atomics).
+    unsafe fn values<'a>(e: *const Entry) -> [&'a AtomicU64; VALUES] {
+        let f = |p: *const AtomicU64| &*p;
+        let a = std::ptr::addr_of!((*e).ages).cast::<AtomicU64>();
+        [
+            f(std::ptr::addr_of!((*e).claims)),
+            f(std::ptr::addr_of!((*e).duplicates)),
+            f(std::ptr::addr_of!((*e).busy)),
+            f(std::ptr::addr_of!((*e).mismatches)),
+            f(std::ptr::addr_of!((*e).last_claim_at)),
+            f(std::ptr::addr_of!((*e).last_duplicate_at)),
+            f(std::ptr::addr_of!((*e).last_used_at)),
+            f(std::ptr::addr_of!((*e).late_duplicates)),
+            f(std::ptr::addr_of!((*e).age_sum)),
+            f(std::ptr::addr_of!((*e).age_max)),
+            f(a),
+            f(a.add(1)),
+            f(a.add(2)),
+            f(a.add(3)),
+            f(a.add(4)),
+            f(a.add(5)),
+            f(a.add(6)),
+            f(a.add(7)),
+            f(a.add(8)),
+            f(a.add(9)),
+            f(std::ptr::addr_of!((*e).waits)),
+            f(std::ptr::addr_of!((*e).wait_sum)),
+            f(std::ptr::addr_of!((*e).wait_max)),
+        ]
+    }
 }
 
 /// The shared state besides the hash table.
@@ -397,14 +457,45 @@ pub fn count(scope: &str, event: Event) {
                 field(std::ptr::addr_of!((*entry).claims)).fetch_add(1, Ordering::Relaxed);
                 advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
             }
-            Event::Duplicate | Event::Busy => {
-                let counter = if event == Event::Duplicate {
+            Event::Duplicate { claimed_at } | Event::Busy { claimed_at, .. } => {
+                let counter = if matches!(event, Event::Duplicate { .. }) {
                     std::ptr::addr_of!((*entry).duplicates)
                 } else {
                     std::ptr::addr_of!((*entry).busy)
                 };
                 field(counter).fetch_add(1, Ordering::Relaxed);
                 advance(field(std::ptr::addr_of!((*entry).last_duplicate_at)), now);
+                if claimed_at > 0 {
+                    // The age of the claim this copy hit, when the copy's transaction began
+                    // (a claim made after that, by a concurrent transaction, is age 0).
+                    let age = (now as i64 - claimed_at).max(0) as u64;
+                    field(std::ptr::addr_of!((*entry).age_sum)).fetch_add(age, Ordering::Relaxed);
+                    field(std::ptr::addr_of!((*entry).age_max)).fetch_max(age, Ordering::Relaxed);
+                    let bucket = AGE_BOUNDS
+                        .iter()
+                        .position(|b| age <= b * 1_000_000)
+                        .unwrap_or(AGE_BOUNDS.len());
+                    field(
+                        std::ptr::addr_of!((*entry).ages)
+                            .cast::<AtomicU64>()
+                            .add(bucket),
+                    )
+                    .fetch_add(1, Ordering::Relaxed);
+                    if age > late_after(scope) {
+                        field(std::ptr::addr_of!((*entry).late_duplicates))
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if let Event::Busy { started, .. } = event {
+                    if started > 0 {
+                        let waited = (pg_sys::GetCurrentTimestamp() - started).max(0) as u64;
+                        field(std::ptr::addr_of!((*entry).waits)).fetch_add(1, Ordering::Relaxed);
+                        field(std::ptr::addr_of!((*entry).wait_sum))
+                            .fetch_add(waited, Ordering::Relaxed);
+                        field(std::ptr::addr_of!((*entry).wait_max))
+                            .fetch_max(waited, Ordering::Relaxed);
+                    }
+                }
             }
             Event::FingerprintMismatch => {
                 field(std::ptr::addr_of!((*entry).mismatches)).fetch_add(1, Ordering::Relaxed);
@@ -412,6 +503,45 @@ pub fn count(scope: &str, event: Event) {
             }
         }
     }
+}
+
+/// The clock (microseconds since 2000) when claims are counted, else 0: a claim reads it
+/// before it looks for a conflict, to know how long a busy claim waited.
+pub fn clock_if_counting() -> i64 {
+    if !available() || !guc::TRACK_STATS.get() {
+        return 0;
+    }
+    // SAFETY: GetCurrentTimestamp reads the clock (gettimeofday); no ERROR.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+/// Half the retention of the scope of the last duplicate counted here, microseconds:
+/// copies of claims older than that are `late_duplicates`. Read with SQL at most every 10
+/// seconds per backend and scope (only when a duplicate is counted).
+static mut LATE_AFTER: Option<(String, u64, std::time::Instant)> = None;
+
+/// # Safety
+///
+/// On the backend's main thread, in a transaction, under pgrx's guard (from count()).
+unsafe fn late_after(scope: &str) -> u64 {
+    // SAFETY: LATE_AFTER is backend-local; the &mut is the only one while it lives (the
+    // SPI call below does not count anything).
+    let cached = &mut *std::ptr::addr_of_mut!(LATE_AFTER);
+    if let Some((s, v, at)) = cached {
+        if s == scope && at.elapsed() < std::time::Duration::from_secs(10) {
+            return *v;
+        }
+    }
+    let seconds = Spi::get_one_with_args::<f64>(
+        "SELECT pg_catalog.date_part('epoch', dedup.retention($1))",
+        &[pgrx::datum::DatumWithOid::from(scope)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(f64::from(guc::RETENTION.get()));
+    let v = (seconds * 1_000_000.0 / 2.0).max(0.0) as u64;
+    *cached = Some((scope.to_string(), v, std::time::Instant::now()));
+    v
 }
 
 /// The entry for `key` and its generation, added if missing; the overflow entry when the
@@ -491,16 +621,8 @@ unsafe fn init_entry(e: *mut Entry, generation: u64) {
     // SAFETY: the contract above. AtomicU64 has no invalid bit patterns, so a slot's bytes
     // (initialised or not by a previous user) are a valid AtomicU64 to store into; the
     // references live only for the store.
-    for f in [
-        std::ptr::addr_of!((*e).claims),
-        std::ptr::addr_of!((*e).duplicates),
-        std::ptr::addr_of!((*e).busy),
-        std::ptr::addr_of!((*e).mismatches),
-        std::ptr::addr_of!((*e).last_claim_at),
-        std::ptr::addr_of!((*e).last_duplicate_at),
-        std::ptr::addr_of!((*e).last_used_at),
-    ] {
-        (*f).store(0, Ordering::Relaxed);
+    for f in Entry::values(e) {
+        f.store(0, Ordering::Relaxed);
     }
     (*std::ptr::addr_of!((*e).generation)).store(generation, Ordering::Release);
 }
@@ -610,6 +732,15 @@ pub struct Row {
     pub mismatches: i64,
     pub last_claim_at: Option<i64>,
     pub last_duplicate_at: Option<i64>,
+    pub late_duplicates: i64,
+    /// Microseconds.
+    pub age_sum: i64,
+    pub age_max: i64,
+    pub ages: Vec<i64>,
+    pub waits: i64,
+    /// Microseconds.
+    pub wait_sum: i64,
+    pub wait_max: i64,
 }
 
 fn ts(v: u64) -> Option<i64> {
@@ -644,6 +775,17 @@ pub fn rows() -> Vec<Row> {
                     mismatches: e.mismatches.load(Ordering::Relaxed) as i64,
                     last_claim_at: ts(e.last_claim_at.load(Ordering::Relaxed)),
                     last_duplicate_at: ts(e.last_duplicate_at.load(Ordering::Relaxed)),
+                    late_duplicates: e.late_duplicates.load(Ordering::Relaxed) as i64,
+                    age_sum: e.age_sum.load(Ordering::Relaxed) as i64,
+                    age_max: e.age_max.load(Ordering::Relaxed) as i64,
+                    ages: e
+                        .ages
+                        .iter()
+                        .map(|a| a.load(Ordering::Relaxed) as i64)
+                        .collect(),
+                    waits: e.waits.load(Ordering::Relaxed) as i64,
+                    wait_sum: e.wait_sum.load(Ordering::Relaxed) as i64,
+                    wait_max: e.wait_max.load(Ordering::Relaxed) as i64,
                 }
             })
             .filter(|r: &Row| {
@@ -701,9 +843,15 @@ pub fn reset() {
 // u64 counters; then an FNV-1a 64-bit checksum of everything before it. A file is loaded
 // whole or not at all.
 
-const VALUES: usize = 6;
+/// Counters per entry in the file: 23 from version 3 (0.7.0), 6 in version 2 (0.5.0 and
+/// 0.6.0), which is still read (the new counters start at zero).
+const VALUES: usize = 23;
+const VALUES_V2: usize = 6;
 const HEADER: usize = 4 * 4 + 3 * 8;
-const RECORD: usize = std::mem::size_of::<Key>() + 8 * VALUES;
+const fn record(values: usize) -> usize {
+    std::mem::size_of::<Key>() + 8 * values
+}
+const RECORD: usize = record(VALUES);
 
 /// FNV-1a, 64 bits: enough to tell a torn or altered file from a written one.
 fn checksum(bytes: &[u8]) -> u64 {
@@ -739,21 +887,13 @@ unsafe extern "C-unwind" fn write_file_at_exit(code: i32, _arg: pg_sys::Datum) {
     out.extend_from_slice(&((*SHARED).reset_at.load(Ordering::Relaxed)).to_le_bytes());
     out.extend_from_slice(&(all.len() as u64).to_le_bytes());
     for e in all {
-        let e = &*e;
         // SAFETY: Key is plain bytes with no padding (the assertion at its definition).
         let key = std::slice::from_raw_parts(
-            (&e.key as *const Key).cast::<u8>(),
+            std::ptr::addr_of!((*e).key).cast::<u8>(),
             std::mem::size_of::<Key>(),
         );
         out.extend_from_slice(key);
-        for v in [
-            &e.claims,
-            &e.duplicates,
-            &e.busy,
-            &e.mismatches,
-            &e.last_claim_at,
-            &e.last_duplicate_at,
-        ] {
+        for v in Entry::values(e) {
             out.extend_from_slice(&v.load(Ordering::Relaxed).to_le_bytes());
         }
     }
@@ -775,7 +915,7 @@ unsafe extern "C-unwind" fn write_file_at_exit(code: i32, _arg: pg_sys::Datum) {
 }
 
 /// Why a counter file is not loaded.
-fn check_file(data: &[u8]) -> Result<usize, String> {
+fn check_file(data: &[u8]) -> Result<(usize, usize), String> {
     if data.len() < HEADER + 8 {
         return Err(format!("{} bytes, shorter than a header", data.len()));
     }
@@ -785,23 +925,26 @@ fn check_file(data: &[u8]) -> Result<usize, String> {
     if u32_at(0) != FILE_MAGIC {
         return Err("not a dedup counter file".into());
     }
-    if u32_at(4) != FILE_VERSION {
-        return Err(format!(
-            "format {}, not {FILE_VERSION} (written by another version of dedup)",
-            u32_at(4)
-        ));
-    }
-    if u32_at(8) as usize != std::mem::size_of::<Key>() || u32_at(12) as usize != VALUES {
+    let values = match u32_at(4) {
+        FILE_VERSION => VALUES,
+        2 => VALUES_V2,
+        v => {
+            return Err(format!(
+                "format {v}, not {FILE_VERSION} or 2 (written by another version of dedup)"
+            ))
+        }
+    };
+    if u32_at(8) as usize != std::mem::size_of::<Key>() || u32_at(12) as usize != values {
         return Err("entries of another layout".into());
     }
     if u64::from_le_bytes(sum.try_into().unwrap()) != checksum(body) {
         return Err("its checksum does not match (torn or altered)".into());
     }
     let count = u64_at(32);
-    if (body.len() - HEADER) as u64 != count.saturating_mul(RECORD as u64) {
+    if (body.len() - HEADER) as u64 != count.saturating_mul(record(values) as u64) {
         return Err(format!("{count} entries do not fill {} bytes", body.len()));
     }
-    Ok(count as usize)
+    Ok((count as usize, values))
 }
 
 /// Load the counters saved at the last clean shutdown, then remove the file (it would be
@@ -816,7 +959,7 @@ unsafe fn read_file() {
         return;
     };
     let _ = std::fs::remove_file(STAT_FILE);
-    let count = match check_file(&data) {
+    let (count, values) = match check_file(&data) {
         Ok(n) => n,
         Err(why) => {
             log!("dedup: ignoring {STAT_FILE}: {why}; the counters start from zero");
@@ -829,7 +972,7 @@ unsafe fn read_file() {
     (*SHARED).overflowed.store(u64_at(16), Ordering::Relaxed);
     (*SHARED).reset_at.store(u64_at(24), Ordering::Relaxed);
     for i in 0..count {
-        let at = HEADER + i * RECORD;
+        let at = HEADER + i * record(values);
         let mut k = std::mem::MaybeUninit::<Key>::uninit();
         // SAFETY: RECORD bytes from `at` are in `data` (check_file); a Key is plain bytes
         // of exactly size_of::<Key>(), every one of them written here.
@@ -871,14 +1014,10 @@ unsafe fn read_file() {
             init_entry(e, (*SHARED).next_generation.fetch_add(1, Ordering::Relaxed));
         }
         let v = |n: usize| u64_at(at + std::mem::size_of::<Key>() + 8 * n);
-        let e = &*e;
-        e.claims.store(v(0), Ordering::Relaxed);
-        e.duplicates.store(v(1), Ordering::Relaxed);
-        e.busy.store(v(2), Ordering::Relaxed);
-        e.mismatches.store(v(3), Ordering::Relaxed);
-        e.last_claim_at.store(v(4), Ordering::Relaxed);
-        e.last_duplicate_at.store(v(5), Ordering::Relaxed);
-        e.last_used_at.store(0, Ordering::Relaxed);
+        // A version 2 file has the first six; the others stay as init_entry left them.
+        for (n, f) in Entry::values(e).into_iter().enumerate().take(values) {
+            f.store(v(n), Ordering::Relaxed);
+        }
     }
 }
 
@@ -910,6 +1049,13 @@ fn stats_counters() -> TableIterator<
         name!(fingerprint_mismatches, i64),
         name!(last_claim_at, Option<TimestampWithTimeZone>),
         name!(last_duplicate_at, Option<TimestampWithTimeZone>),
+        name!(late_duplicates, i64),
+        name!(duplicate_age_sum, Interval),
+        name!(duplicate_age_max, Interval),
+        name!(duplicate_ages, Vec<i64>),
+        name!(waits, i64),
+        name!(wait_time, Interval),
+        name!(wait_max, Interval),
     ),
 > {
     if !available() {
@@ -938,10 +1084,22 @@ fn stats_counters() -> TableIterator<
                 r.mismatches,
                 to_ts(r.last_claim_at),
                 to_ts(r.last_duplicate_at),
+                r.late_duplicates,
+                micros(r.age_sum),
+                micros(r.age_max),
+                r.ages,
+                r.waits,
+                micros(r.wait_sum),
+                micros(r.wait_max),
             )
         })
         .collect();
     TableIterator::new(rows)
+}
+
+/// An interval of `us` microseconds.
+fn micros(us: i64) -> Interval {
+    Interval::new(0, 0, us).unwrap_or_else(|_| Interval::new(0, 0, 0).expect("zero"))
 }
 
 /// `dedup.stats_info()`: the size of the counter table and when it was last reset.
@@ -983,10 +1141,22 @@ fn stats_reset() {
 /// `dedup._count(scope, event)`: count a lease call (the lease functions are PL/pgSQL).
 #[pg_extern(name = "_count", volatile, parallel_unsafe)]
 fn count_event(scope: &str, event: &str) {
+    count_event_at(scope, event, None);
+}
+
+/// `dedup._count(scope, event, claimed_at)`: the same, with the time of the claim a `done`
+/// or `busy` lease call found (for the duplicate ages; 0.7.0).
+#[pg_extern(name = "_count", volatile, parallel_unsafe)]
+fn count_event_at(scope: &str, event: &str, claimed_at: Option<TimestampWithTimeZone>) {
+    let claimed_at = claimed_at.map_or(0, pg_sys::TimestampTz::from);
     let event = match event {
         "acquired" => Event::Claim,
-        "done" => Event::Duplicate,
-        "busy" => Event::Busy,
+        "done" => Event::Duplicate { claimed_at },
+        // A busy lease does not wait: no wait is counted.
+        "busy" => Event::Busy {
+            claimed_at,
+            started: 0,
+        },
         "fingerprint_mismatch" => Event::FingerprintMismatch,
         other => pgrx::error!("dedup._count: unknown event {other:?}"),
     };

@@ -38,6 +38,8 @@ mod isolation_specs;
 mod leases;
 #[path = "integration/lifecycle.rs"]
 mod lifecycle;
+#[path = "integration/operations.rs"]
+mod operations;
 #[path = "integration/retention.rs"]
 mod retention;
 #[path = "integration/security.rs"]
@@ -111,6 +113,11 @@ const TESTS: &[(&str, TestFn)] = tests![
     stats::invented_names_cannot_evict_other_counters,
     stats::a_torn_or_altered_counter_file_is_refused,
     stats::counters_of_a_dropped_database_are_forgotten,
+    operations::duplicate_ages_late_copies_and_waits,
+    operations::table_health_estimate_and_exact,
+    operations::forget_removes_done_claims_with_an_audit_row,
+    operations::a_forgotten_job_claimed_again_is_a_claim,
+    operations::a_counter_file_of_the_previous_format_is_read,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     versions::one_version_everywhere,
     docs::readme_documents_every_function_and_setting,

@@ -8,7 +8,7 @@ use dedup_pg_test::cluster::{Cluster, Options};
 use dedup_pg_test::{connect, connect_when_up, wait_until_blocked, Conn};
 use std::collections::BTreeMap;
 
-fn preloaded(name: &str) -> Options {
+pub(crate) fn preloaded(name: &str) -> Options {
     Options::named(name)
         .set("shared_preload_libraries", "dedup")
         .set("dedup.prune_interval", "0")
@@ -26,7 +26,7 @@ async fn counters(c: &Conn, db: &str) -> Result<BTreeMap<String, (i64, i64, i64,
     .collect())
 }
 
-async fn as_consumer(cluster: &Cluster, db: &str, name: &str) -> Result<Conn> {
+pub(crate) async fn as_consumer(cluster: &Cluster, db: &str, name: &str) -> Result<Conn> {
     let c = connect(&format!("{} application_name={name}", cluster.dsn(db))).await?;
     c.batch_execute("SET dedup.warn_outside_transaction = off")
         .await?;
@@ -297,10 +297,21 @@ pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
         (rows[0].get("claims_total"), rows[0].get("duplicates_total"));
     ensure_eq((claims, duplicates), (1, 1), "exported counters")?;
     let alerts = std::fs::read_to_string(file.with_file_name("alerts.yml"))?;
+    // The duplicate-age histogram as postgres_exporter reads it: the bounds, cumulative
+    // counts (here: one copy of a claim a moment old, in every bucket), sum and count.
+    let bounds: Vec<f64> = rows[0].get("duplicate_age_seconds");
+    let buckets: Vec<i64> = rows[0].get("duplicate_age_seconds_bucket");
+    let count: i64 = rows[0].get("duplicate_age_seconds_count");
+    ensure_eq(
+        (bounds.len(), buckets, count),
+        (9, vec![1; 9], 1),
+        "the age histogram",
+    )?;
     for metric in [
         "dedup_duplicates_total",
         "dedup_busy_total",
         "dedup_claims_total",
+        "dedup_late_duplicates_total",
     ] {
         if !alerts.contains(metric) || !text.contains(metric.trim_start_matches("dedup_")) {
             bail!("{metric} is not both exported and alerted on");
