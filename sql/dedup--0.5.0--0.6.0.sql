@@ -582,7 +582,12 @@ BEGIN
     ELSE
         RETURN QUERY
             SELECT e.scope, e.claims,
-                   (SELECT (st.histogram_bounds::text::timestamptz[])[1] FROM pg_stats AS st
+                   -- the least of the histogram's first bound and the most common values
+                   -- (the claims of one transaction share processed_at, and such a value
+                   -- is left out of the histogram)
+                   (SELECT least((st.histogram_bounds::text::timestamptz[])[1],
+                                 (SELECT min(v) FROM unnest(st.most_common_vals::text::timestamptz[]) AS v))
+                      FROM pg_stats AS st
                      WHERE st.schemaname = 'dedup' AND st.tablename = 'processed' AND st.attname = 'processed_at'),
                    false,
                    (SELECT max(s.last_pass_at) FROM dedup._prune_status AS s WHERE s.scope IN (e.scope, ''))

@@ -50,7 +50,7 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/operations.sql",
     name = "operations",
-    requires = ["citus", "stats", prune::caller]
+    requires = ["citus", "stats", prune::caller, stats::count_event_at]
 );
 
 /// Called once per backend when the library is loaded (at the first call of one of

@@ -533,13 +533,19 @@ pub fn run_pass(
             }
         }
     }
-    // The audit rows of dedup.forget, once their scope's retention is over.
-    match transactions {
-        Transactions::Caller => {
-            prune_forgotten();
-        }
-        Transactions::PerBatch { .. } => {
-            in_transaction(prune_forgotten)?;
+    // The audit rows of dedup.forget, once their scope's retention is over (not in a call
+    // bounded by max_rows, which is about claims). In the worker a failure here is logged
+    // and the pass, whose claims are pruned and committed, still counts.
+    if max_rows.is_none() {
+        match transactions {
+            Transactions::Caller => {
+                prune_forgotten(scope);
+            }
+            Transactions::PerBatch { .. } => {
+                if let Err(e) = in_transaction(|| prune_forgotten(scope)) {
+                    warning!("dedup: pruning dedup.forgotten failed: {e}");
+                }
+            }
         }
     }
     pass.elapsed = started.elapsed();
@@ -676,15 +682,33 @@ pub(crate) fn caller() -> String {
 /// database whose extension is older has no such table). Few rows: one statement, the
 /// retentions passed in (on Citus dedup.scope_retention is a reference table, which a
 /// statement on the node's own dedup.forgotten cannot join).
-fn prune_forgotten() -> i64 {
+fn prune_forgotten(scope: Option<&str>) -> i64 {
     // SAFETY: syscache lookups inside a transaction, under the caller's guard; InvalidOid
     // for a missing name.
-    let exists = unsafe {
+    let relid = unsafe {
         let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
-        nsp != pg_sys::InvalidOid
-            && pg_sys::get_relname_relid(c"forgotten".as_ptr(), nsp) != pg_sys::InvalidOid
+        if nsp == pg_sys::InvalidOid {
+            return 0;
+        }
+        pg_sys::get_relname_relid(c"forgotten".as_ptr(), nsp)
     };
-    if !exists {
+    if relid == pg_sys::InvalidOid {
+        return 0;
+    }
+    // Only the extension's own table (no other role can create one in the schema dedup,
+    // whose CREATE privilege is the owner's; checked anyway: the worker is a superuser).
+    let member = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_depend AS d \
+                         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass \
+                           AND d.objid OPERATOR(pg_catalog.=) $1 \
+                           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
+                           AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog.\"char\")",
+        &[DatumWithOid::from(relid)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(false);
+    if !member {
         return 0;
     }
     let cutoffs = Cutoffs::load();
@@ -701,12 +725,14 @@ fn prune_forgotten() -> i64 {
                          FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), \
                                          pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
                         WHERE c.scope OPERATOR(pg_catalog.=) f.scope), \
-                      $1::pg_catalog.timestamptz)",
+                      $1::pg_catalog.timestamptz) \
+                AND ($4::pg_catalog.text IS NULL OR f.scope OPERATOR(pg_catalog.=) $4)",
             None,
             &[
                 DatumWithOid::from(timestamp(cutoffs.global)),
                 DatumWithOid::from(scopes),
                 DatumWithOid::from(limits),
+                DatumWithOid::from(scope),
             ],
         )
         .map(|t| t.len() as i64)

@@ -30,7 +30,7 @@ const MAX_CONSUMER: usize = 63;
 const STAT_FILE: &str = "pg_stat/dedup.stat";
 const STAT_FILE_TMP: &str = "pg_stat/dedup.stat.tmp";
 const FILE_MAGIC: u32 = 0x4445_4455; // "DEDU"
-/// 1: 0.4.0 (no layout, no checksum); 2: 0.5.0 and 0.6.0; 3: 0.7.0 (duplicate ages and
+/// 1: 0.4.0 (no layout, no checksum); 2: 0.5.0; 3: 0.6.0 (duplicate ages and
 /// waits). A version 2 file is read; others are refused.
 const FILE_VERSION: u32 = 3;
 /// The scope the overflow entry is shown under (a claim's scope is never empty, so the
@@ -59,6 +59,10 @@ pub enum Event {
 /// that exactly, against each scope's own retention.
 pub const AGE_BOUNDS: [u64; 9] = [1, 60, 600, 3600, 21_600, 43_200, 86_400, 302_400, 604_800];
 const AGE_BUCKETS: usize = AGE_BOUNDS.len() + 1;
+const _: () = assert!(
+    VALUES == 13 + AGE_BUCKETS,
+    "Entry::values lists every counter"
+);
 
 /// The consumer's field: a name of at most [`MAX_CONSUMER`] bytes and one zero byte, which
 /// makes the key 200 bytes with no padding.
@@ -139,8 +143,9 @@ struct Entry {
     last_used_at: AtomicU64,
     /// Duplicates (and busy copies) whose claim was older than half its scope's retention.
     late_duplicates: AtomicU64,
-    /// Ages of the claims duplicates hit, microseconds: their sum and the largest, and a
-    /// count per bucket of AGE_BOUNDS.
+    /// Ages of the claims duplicates hit: their sum (milliseconds, so that a million
+    /// copies a day of day-old claims take centuries to overflow), the largest
+    /// (microseconds), and a count per bucket of AGE_BOUNDS.
     age_sum: AtomicU64,
     age_max: AtomicU64,
     ages: [AtomicU64; AGE_BUCKETS],
@@ -469,7 +474,8 @@ pub fn count(scope: &str, event: Event) {
                     // The age of the claim this copy hit, when the copy's transaction began
                     // (a claim made after that, by a concurrent transaction, is age 0).
                     let age = (now as i64 - claimed_at).max(0) as u64;
-                    field(std::ptr::addr_of!((*entry).age_sum)).fetch_add(age, Ordering::Relaxed);
+                    field(std::ptr::addr_of!((*entry).age_sum))
+                        .fetch_add(age / 1000, Ordering::Relaxed);
                     field(std::ptr::addr_of!((*entry).age_max)).fetch_max(age, Ordering::Relaxed);
                     let bucket = AGE_BOUNDS
                         .iter()
@@ -515,33 +521,71 @@ pub fn clock_if_counting() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
-/// Half the retention of the scope of the last duplicate counted here, microseconds:
-/// copies of claims older than that are `late_duplicates`. Read with SQL at most every 10
-/// seconds per backend and scope (only when a duplicate is counted).
-static mut LATE_AFTER: Option<(String, u64, std::time::Instant)> = None;
+/// Half the retention of each scope this backend counted a duplicate in, microseconds:
+/// copies of claims older than that are `late_duplicates`. Read from the scope's row of
+/// dedup.scope_retention at most every 10 seconds per backend and scope, and only when a
+/// duplicate of a claim at least a second old is counted.
+static mut LATE_AFTER: Option<std::collections::HashMap<String, (u64, std::time::Instant)>> = None;
 
 /// # Safety
 ///
 /// On the backend's main thread, in a transaction, under pgrx's guard (from count()).
 unsafe fn late_after(scope: &str) -> u64 {
     // SAFETY: LATE_AFTER is backend-local; the &mut is the only one while it lives (the
-    // SPI call below does not count anything).
-    let cached = &mut *std::ptr::addr_of_mut!(LATE_AFTER);
-    if let Some((s, v, at)) = cached {
-        if s == scope && at.elapsed() < std::time::Duration::from_secs(10) {
+    // lookup below counts nothing).
+    let cache = (*std::ptr::addr_of_mut!(LATE_AFTER)).get_or_insert_with(Default::default);
+    if let Some((v, at)) = cache.get(scope) {
+        if at.elapsed() < std::time::Duration::from_secs(10) {
             return *v;
         }
     }
-    let seconds = Spi::get_one_with_args::<f64>(
-        "SELECT pg_catalog.date_part('epoch', dedup.retention($1))",
-        &[pgrx::datum::DatumWithOid::from(scope)],
-    )
+    let seconds = scope_retention(scope).unwrap_or_else(|| f64::from(guc::RETENTION.get()));
+    let v = (seconds * 1_000_000.0 / 2.0).max(0.0) as u64;
+    if cache.len() >= 1000 {
+        cache.clear();
+    }
+    cache.insert(scope.to_string(), (v, std::time::Instant::now()));
+    v
+}
+
+/// The scope's own retention in seconds, if it has one. A statement that cannot fail for
+/// want of an object or a privilege: without dedup.scope_retention (a catalog older than
+/// 0.2.0, claims going on before ALTER EXTENSION UPDATE) or SELECT on it (the caller's
+/// role, for try_claim), None, and the caller uses dedup.retention.
+///
+/// # Safety
+///
+/// In a transaction, under pgrx's guard.
+unsafe fn scope_retention(scope: &str) -> Option<f64> {
+    // SAFETY: syscache lookups (InvalidOid for a missing name) and an ACL check of an
+    // existing relation; errors (catalog reads) go through the caller's guard.
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    if nsp == pg_sys::InvalidOid {
+        return None;
+    }
+    let relid = pg_sys::get_relname_relid(c"scope_retention".as_ptr(), nsp);
+    if relid == pg_sys::InvalidOid
+        || pg_sys::pg_class_aclcheck(relid, pg_sys::GetUserId(), pg_sys::ACL_SELECT as _)
+            != pg_sys::AclResult::ACLCHECK_OK
+    {
+        return None;
+    }
+    Spi::connect(|c| {
+        c.select(
+            "SELECT pg_catalog.date_part('epoch', r.retention) FROM dedup.scope_retention AS r \
+              WHERE r.scope OPERATOR(pg_catalog.=) $1",
+            Some(1),
+            &[pgrx::datum::DatumWithOid::from(scope)],
+        )?
+        .first()
+        .get_one::<f64>()
+        .or_else(|e| match e {
+            pgrx::spi::SpiError::InvalidPosition => Ok(None),
+            e => Err(e),
+        })
+    })
     .ok()
     .flatten()
-    .unwrap_or(f64::from(guc::RETENTION.get()));
-    let v = (seconds * 1_000_000.0 / 2.0).max(0.0) as u64;
-    *cached = Some((scope.to_string(), v, std::time::Instant::now()));
-    v
 }
 
 /// The entry for `key` and its generation, added if missing; the overflow entry when the
@@ -733,7 +777,7 @@ pub struct Row {
     pub last_claim_at: Option<i64>,
     pub last_duplicate_at: Option<i64>,
     pub late_duplicates: i64,
-    /// Microseconds.
+    /// Milliseconds.
     pub age_sum: i64,
     pub age_max: i64,
     pub ages: Vec<i64>,
@@ -776,7 +820,7 @@ pub fn rows() -> Vec<Row> {
                     last_claim_at: ts(e.last_claim_at.load(Ordering::Relaxed)),
                     last_duplicate_at: ts(e.last_duplicate_at.load(Ordering::Relaxed)),
                     late_duplicates: e.late_duplicates.load(Ordering::Relaxed) as i64,
-                    age_sum: e.age_sum.load(Ordering::Relaxed) as i64,
+                    age_sum: i64::try_from(e.age_sum.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
                     age_max: e.age_max.load(Ordering::Relaxed) as i64,
                     ages: e
                         .ages
@@ -843,8 +887,8 @@ pub fn reset() {
 // u64 counters; then an FNV-1a 64-bit checksum of everything before it. A file is loaded
 // whole or not at all.
 
-/// Counters per entry in the file: 23 from version 3 (0.7.0), 6 in version 2 (0.5.0 and
-/// 0.6.0), which is still read (the new counters start at zero).
+/// Counters per entry in the file: 23 from version 3 (0.6.0), 6 in version 2 (0.5.0),
+/// which is still read (the new counters start at zero).
 const VALUES: usize = 23;
 const VALUES_V2: usize = 6;
 const HEADER: usize = 4 * 4 + 3 * 8;
@@ -974,7 +1018,7 @@ unsafe fn read_file() {
     for i in 0..count {
         let at = HEADER + i * record(values);
         let mut k = std::mem::MaybeUninit::<Key>::uninit();
-        // SAFETY: RECORD bytes from `at` are in `data` (check_file); a Key is plain bytes
+        // SAFETY: record(values) bytes from `at` are in `data` (check_file); a Key is plain bytes
         // of exactly size_of::<Key>(), every one of them written here.
         std::ptr::copy_nonoverlapping(
             data[at..].as_ptr(),
@@ -1085,7 +1129,7 @@ fn stats_counters() -> TableIterator<
                 to_ts(r.last_claim_at),
                 to_ts(r.last_duplicate_at),
                 r.late_duplicates,
-                micros(r.age_sum),
+                micros(r.age_sum.saturating_mul(1000)),
                 micros(r.age_max),
                 r.ages,
                 r.waits,
@@ -1145,9 +1189,9 @@ fn count_event(scope: &str, event: &str) {
 }
 
 /// `dedup._count(scope, event, claimed_at)`: the same, with the time of the claim a `done`
-/// or `busy` lease call found (for the duplicate ages; 0.7.0).
+/// or `busy` lease call found (for the duplicate ages; 0.6.0).
 #[pg_extern(name = "_count", volatile, parallel_unsafe)]
-fn count_event_at(scope: &str, event: &str, claimed_at: Option<TimestampWithTimeZone>) {
+pub(crate) fn count_event_at(scope: &str, event: &str, claimed_at: Option<TimestampWithTimeZone>) {
     let claimed_at = claimed_at.map_or(0, pg_sys::TimestampTz::from);
     let event = match event {
         "acquired" => Event::Claim,
