@@ -1,10 +1,52 @@
--- dedup 0.5.0 -> 0.6.0: Citus (issue 13) and operating retention (issue 15). Keeps every
--- claim. First the library's new functions: dedup._claim_result (behind claim_result),
+-- dedup 0.5.0 -> 0.6.0: Citus (issue 13), operating retention (issue 15), batch claims and
+-- offsets (issue 14). Keeps every claim. First the library's new functions:
+-- dedup.try_claim_many, dedup._check_offset, dedup._claim_result (behind claim_result),
 -- dedup._distributed (which the lease functions ask), dedup._caller (for dedup.forget's
 -- audit row), dedup._count with the claim's time, and dedup.stats_counters with the new
--- counters (the view on it is made again by sql/operations.sql); then sql/citus.sql and
--- sql/operations.sql, which a new install runs too.
+-- counters (the view on it is made again by sql/operations.sql); then sql/citus.sql,
+-- sql/operations.sql and sql/offsets.sql, which a new install runs too.
 \echo Use "ALTER EXTENSION dedup UPDATE TO '0.6.0'" to load this file. \quit
+
+CREATE FUNCTION dedup.try_claim_many(
+	"job_ids" pg_catalog.text[],
+	"scope" pg_catalog.text DEFAULT 'default'
+) RETURNS SETOF pg_catalog.text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'try_claim_many_text_wrapper';
+
+CREATE FUNCTION dedup.try_claim_many(
+	"job_ids" pg_catalog.int8[],
+	"scope" pg_catalog.text DEFAULT 'default'
+) RETURNS SETOF pg_catalog.int8
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'try_claim_many_bigint_wrapper';
+
+CREATE FUNCTION dedup.try_claim_many(
+	"job_ids" pg_catalog.uuid[],
+	"scope" pg_catalog.text DEFAULT 'default'
+) RETURNS SETOF pg_catalog.uuid
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'try_claim_many_uuid_wrapper';
+
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text) IS
+'Claim a batch of jobs for the current transaction: the ids claimed now (each once, in array order); the others were done or claimed before. Claims in key order, so overlapping batches never deadlock each other. At most 10000 ids.';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.int8[], pg_catalog.text) IS
+'dedup.try_claim_many for bigint job ids (the same jobs as their decimal text).';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.uuid[], pg_catalog.text) IS
+'dedup.try_claim_many for uuid job ids (the same jobs as their canonical text).';
+
+CREATE FUNCTION dedup._check_offset(
+	"func" pg_catalog.text,
+	"stream" pg_catalog.text,
+	"partition" pg_catalog.int4,
+	"position" pg_catalog.int8
+) RETURNS void
+VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'check_offset_wrapper';
 
 CREATE FUNCTION dedup._claim_result(
 	"job_id" pg_catalog.text,
@@ -667,3 +709,63 @@ COMMENT ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) IS
 'dedup.forget for a bigint job id (its decimal text).';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) IS
 'dedup.forget for a uuid job id (its canonical text).';
+
+-- dedup 0.6.0: offsets per partition (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
+-- changes for an upgrade (a test compares the two catalogs).
+--
+-- For an ordered, partitioned log (Kafka, Redis Streams, Kinesis) the cheapest exact record
+-- of what was done is one position per partition, raised in the transaction of the effects:
+-- one row per (stream, partition), nothing to prune.
+
+CREATE TABLE dedup.offsets (
+    stream      pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    partition   pg_catalog.int4 NOT NULL,
+    "position"  pg_catalog.int8 NOT NULL,
+    advanced_at pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT offsets_pkey PRIMARY KEY (stream, partition)
+);
+COMMENT ON TABLE dedup.offsets IS
+    'The position of each partition of an ordered log, raised by dedup.advance in the transaction of the effects.';
+REVOKE ALL ON TABLE dedup.offsets FROM PUBLIC;
+GRANT SELECT ON TABLE dedup.offsets TO pg_monitor;
+SELECT pg_catalog.pg_extension_config_dump('dedup.offsets', '');
+
+-- true: position is above the partition's mark, which is raised to it in the caller's
+-- transaction (committed or rolled back with the effects); false: at or below it (a
+-- redelivery or a rewind). A concurrent advance of the same partition waits for the other
+-- transaction, then compares with what it committed.
+CREATE FUNCTION dedup.advance(stream pg_catalog.text, partition pg_catalog.int4, "position" pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raised boolean;
+BEGIN
+    PERFORM dedup._check_offset('dedup.advance', $1, $2, $3);
+    INSERT INTO dedup.offsets AS o (stream, partition, "position", advanced_at)
+    VALUES ($1, $2, $3, now())
+    ON CONFLICT ON CONSTRAINT offsets_pkey DO UPDATE
+        SET "position" = excluded."position", advanced_at = excluded.advanced_at
+        WHERE o."position" < excluded."position";
+    raised := FOUND;
+    RETURN raised;
+END
+$$;
+COMMENT ON FUNCTION dedup.advance(pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS
+'true when position is above the stored mark of (stream, partition), which it raises in the caller''s transaction; false for a position at or below it (a redelivery or a rewind).';
+
+-- The stored mark (NULL when none): where a consumer seeks on start.
+CREATE FUNCTION dedup.position(stream pg_catalog.text, partition pg_catalog.int4)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_offset('dedup.position', $1, $2, 0);
+    RETURN (SELECT o."position" FROM dedup.offsets AS o WHERE o.stream = $1 AND o.partition = $2);
+END
+$$;
+COMMENT ON FUNCTION dedup.position(pg_catalog.text, pg_catalog.int4) IS
+'The stored mark of (stream, partition), NULL when none: where a consumer of the partition seeks on start.';
+REVOKE ALL ON FUNCTION dedup._check_offset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;

@@ -67,7 +67,7 @@ fn try_claim_uuid(job_id: Option<pgrx::Uuid>, scope: default!(Option<&str>, "'de
     claim(&job_id.to_string(), scope, None) == Outcome::Claimed
 }
 
-fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
+pub(crate) fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC, "scope"));
     if job_id.is_empty() {
         error::empty_argument(FUNC, "job_id");
@@ -89,15 +89,15 @@ pub(crate) fn check_scope(func: &str, scope: &str) {
     }
 }
 
-fn check_transaction() {
-    check_writable(FUNC);
+pub(crate) fn check_transaction(func: &str) {
+    check_writable(func);
     // SAFETY: unguarded::IsTransactionBlock only reads CurrentTransactionState->blockState
     // and never raises an ERROR, so it needs no pgrx guard; it runs on the backend's main
     // thread, inside a transaction, from a #[pg_extern] try_claim function. The WARNING is
     // emitted by safe Rust (error::warn_outside_transaction).
     unsafe {
         if !unguarded::IsTransactionBlock() && guc::WARN_OUTSIDE_TRANSACTION.get() {
-            error::warn_outside_transaction(FUNC);
+            error::warn_outside_transaction(func);
         }
     }
 }
@@ -175,16 +175,34 @@ pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
 
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {
     let scope = check_key(scope, job_id);
-    check_transaction();
+    check_transaction(FUNC);
+    claim_checked(FUNC, scope, job_id, fingerprint, claim_route(FUNC))
+}
+
+/// Where this call's claims go; refused on a Citus worker whose claim table is not
+/// distributed (they would stay on it).
+pub(crate) fn claim_route(func: &str) -> citus::Route {
+    let route = citus::route();
+    if route == citus::Route::WorkerLocal {
+        error::worker_not_distributed(func);
+    }
+    route
+}
+
+/// Claim one job whose key was checked, in a transaction check_transaction passed, by the
+/// route claim_route gave; count the outcome.
+pub(crate) fn claim_checked(
+    func: &str,
+    scope: &str,
+    job_id: &str,
+    fingerprint: Option<&str>,
+    route: citus::Route,
+) -> Outcome {
     // When the claim began, for the wait a busy claim had (0: not counting).
     let started = stats::clock_if_counting();
     // On Citus (dedup.distribute()), a statement Citus routes to the job's shard instead.
-    let route = citus::route();
-    if route == citus::Route::WorkerLocal {
-        error::worker_not_distributed(FUNC);
-    }
     let outcome = if route == citus::Route::Citus {
-        citus::claim(FUNC, scope, job_id, fingerprint)
+        citus::claim(func, scope, job_id, fingerprint)
     } else {
         // SAFETY: insert_claim's contract holds: we are in a transaction that may write
         // (check_writable refused a standby, a read-only transaction and parallel mode), on

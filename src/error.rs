@@ -22,7 +22,9 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
         format!("{func}: {arg} must not be NULL"),
-        if arg == "scope" && func == "dedup.try_claim" {
+        if matches!(arg, "stream" | "partition" | "position") {
+            "Pass the stream's name, the partition's number and the entry's position."
+        } else if arg == "scope" && func == "dedup.try_claim" {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
@@ -217,5 +219,29 @@ pub fn worker_not_distributed(func: &str) -> ! {
              a claim here would be seen by no other node"
         ),
         "Run SELECT dedup.distribute() on the coordinator (docs/citus.md), or claim on the coordinator.",
+    )
+}
+
+/// More job ids in one batch than a call takes.
+pub fn batch_too_large(func: &str, len: usize, max: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("{func}: {len} job ids in one call, more than the limit of {max}"),
+        "Claim the batch in several calls of at most that many ids (in the same transaction if \
+         their effects are one); every claim holds its key until the transaction ends.",
+    )
+}
+
+/// A partition or position below zero.
+pub fn negative(func: &str, arg: &str, value: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{func}: {arg} must not be negative, not {value}"),
+        if arg == "position" {
+            "Pass the entry's position in the partition (a Kafka offset, or a stream entry id \
+             mapped to a bigint, see the docs); positions start at 0."
+        } else {
+            "Pass the partition's number, from 0."
+        },
     )
 }

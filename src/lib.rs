@@ -3,6 +3,7 @@
 //! This file only wires modules together: each concern lives in the file named after it.
 use pgrx::prelude::*;
 
+mod batch;
 mod citus;
 mod claim;
 mod compat;
@@ -51,6 +52,13 @@ extension_sql_file!(
     "../sql/operations.sql",
     name = "operations",
     requires = ["citus", "stats", prune::caller, stats::count_event_at]
+);
+
+// 0.6.0: offsets per partition (issue 14): dedup.offsets, dedup.advance, dedup.position.
+extension_sql_file!(
+    "../sql/offsets.sql",
+    name = "offsets",
+    requires = ["operations", batch::check_offset]
 );
 
 /// Called once per backend when the library is loaded (at the first call of one of

@@ -12,6 +12,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "integration/batch.rs"]
+mod batch;
 #[path = "integration/common.rs"]
 mod common;
 #[path = "integration/concurrency.rs"]
@@ -69,6 +71,9 @@ const TESTS: &[(&str, TestFn)] = tests![
     concurrency::savepoint_rollback_releases_the_claim_to_a_waiter,
     concurrency::thirty_two_connections_claim_two_thousand_jobs,
     concurrency::terminated_backend_releases_its_claim,
+    batch::try_claim_many_claims_each_job_once,
+    batch::overlapping_batches_in_any_order_never_deadlock,
+    batch::advance_raises_each_partition_once,
     crash::killed_backend_loses_its_claim_and_server_keeps_committed_ones,
     crash::immediate_stop_keeps_committed_claims_only,
     isolation_levels::snapshot_that_misses_a_committed_claim_gets_40001_then_false,

@@ -1,0 +1,282 @@
+//! Batch claims and offsets per partition (issue 14): dedup.try_claim_many, dedup.advance,
+//! dedup.position, over real connections.
+use crate::common::{ensure_eq, expect_sqlstate, Ctx};
+use anyhow::{bail, Context, Result};
+use dedup_pg_test::{connect, wait_until_blocked};
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+
+async fn claimed(c: &dedup_pg_test::Conn, sql: &str) -> Result<Vec<String>> {
+    Ok(c.query(sql, &[])
+        .await
+        .with_context(|| sql.to_string())?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect())
+}
+
+/// The ids claimed, in array order, each once; the same jobs as try_claim's (42 and '42');
+/// every bad input an error with its SQLSTATE, naming the element.
+pub async fn try_claim_many_claims_each_job_once(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute("BEGIN").await?;
+    let got = claimed(&c, "SELECT dedup.try_claim_many(ARRAY['b', 'a', 'b', 'c'])").await?;
+    ensure_eq(got, vec!["b".into(), "a".into(), "c".into()], "first batch")?;
+    let got = claimed(&c, "SELECT dedup.try_claim_many(ARRAY['c', 'd'])").await?;
+    ensure_eq(
+        got,
+        vec!["d".to_string()],
+        "second batch: c is this transaction's already",
+    )?;
+    c.batch_execute("COMMIT").await?;
+    c.batch_execute("BEGIN").await?;
+    let none = claimed(&c, "SELECT dedup.try_claim_many(ARRAY['a', 'b', 'c', 'd'])").await?;
+    ensure_eq(none.len(), 0, "all done")?;
+    // bigint and uuid: the jobs of their text.
+    let r: Vec<i64> = c
+        .query(
+            "SELECT dedup.try_claim_many(ARRAY[42, 43, 42]::bigint[])",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(r, vec![42, 43], "bigint batch")?;
+    let again: bool = c
+        .query_one("SELECT dedup.try_claim('42')", &[])
+        .await?
+        .get(0);
+    ensure_eq(again, false, "try_claim('42') after the batch claimed 42")?;
+    let u: Vec<uuid::Uuid> = c
+        .query(
+            "SELECT dedup.try_claim_many(ARRAY['00000000-0000-0000-0000-00000000000A']::uuid[], 'u')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(u.len(), 1, "uuid batch")?;
+    let lower: bool = c
+        .query_one(
+            "SELECT dedup.try_claim('00000000-0000-0000-0000-00000000000a', 'u')",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(lower, false, "the uuid's canonical text")?;
+    let empty = claimed(&c, "SELECT dedup.try_claim_many(ARRAY[]::text[])").await?;
+    ensure_eq(empty.len(), 0, "empty array")?;
+    c.batch_execute("COMMIT").await?;
+
+    for (sql, state, names) in [
+        (
+            "SELECT dedup.try_claim_many(ARRAY['a', NULL])",
+            "22004",
+            "job_ids[2]",
+        ),
+        (
+            "SELECT dedup.try_claim_many(NULL::text[])",
+            "22004",
+            "job_ids",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY['a'], NULL)",
+            "22004",
+            "scope",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY['x', 'y', ''])",
+            "22023",
+            "job_ids[3]",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY[repeat('x', 1025)])",
+            "22001",
+            "job_ids[1]",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY[1, NULL]::bigint[])",
+            "22004",
+            "job_ids[2]",
+        ),
+        (
+            "SELECT dedup.try_claim_many(array_agg(g::text)) FROM generate_series(1, 10001) g",
+            "54000",
+            "10001 job ids",
+        ),
+    ] {
+        match c.query(sql, &[]).await {
+            Ok(_) => bail!("{sql}: no error"),
+            Err(e) => {
+                let db = e.as_db_error().context("a server error")?;
+                ensure_eq(db.code().code(), state, sql)?;
+                if !db.message().contains(names) || db.hint().is_none() {
+                    bail!("{sql}: {} (hint {:?})", db.message(), db.hint());
+                }
+            }
+        }
+    }
+    // Outside a transaction block: one WARNING per call, as try_claim.
+    c.take_notices();
+    c.batch_execute("SELECT dedup.try_claim_many(ARRAY['w1', 'w2', 'w3'])")
+        .await?;
+    let warnings = c.take_notices().len();
+    ensure_eq(warnings, 1, "warnings outside a transaction block")?;
+    Ok(())
+}
+
+/// 16 connections claim overlapping batches of 50 of the same 400 ids, each batch in a
+/// random order, each batch with its effect in one transaction: no deadlock, every id
+/// claimed once.
+pub async fn overlapping_batches_in_any_order_never_deadlock(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute("CREATE TABLE batch_effects (job_id text PRIMARY KEY)")
+        .await?;
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let dsn = ctx.dsn();
+        tasks.push(tokio::spawn(async move {
+            let c = connect(&dsn).await?;
+            c.batch_execute("SET deadlock_timeout = '50ms'").await?;
+            let mut won = Vec::new();
+            for _ in 0..40 {
+                let mut ids: Vec<String> = (0..400).map(|i| format!("ob-{i}")).collect();
+                ids.shuffle(&mut rand::rng());
+                ids.truncate(50);
+                c.batch_execute("BEGIN").await?;
+                let got: Vec<String> = c
+                    .query(
+                        "WITH c AS (SELECT dedup.try_claim_many($1::text[]) AS job_id) \
+                         INSERT INTO batch_effects SELECT job_id FROM c RETURNING job_id",
+                        &[&ids],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                c.batch_execute("COMMIT").await?;
+                won.extend(got);
+            }
+            Ok::<_, anyhow::Error>(won)
+        }));
+    }
+    let mut winners: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for j in t.await?.context("a batch failed (a deadlock?)")? {
+            *winners.entry(j).or_default() += 1;
+        }
+    }
+    let twice = winners.values().filter(|n| **n > 1).count();
+    ensure_eq(twice, 0, "ids won twice")?;
+    let claims: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'ob-%'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let effects: i64 = admin
+        .query_one("SELECT count(*) FROM batch_effects", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        (claims, effects),
+        (winners.len() as i64, winners.len() as i64),
+        "claims, effects",
+    )?;
+    if winners.len() < 350 {
+        bail!("only {} of 400 ids were ever claimed", winners.len());
+    }
+    Ok(())
+}
+
+async fn pos(c: &dedup_pg_test::Conn, p: i32) -> Result<Option<i64>> {
+    Ok(c.query_one("SELECT dedup.position('orders', $1)", &[&p])
+        .await?
+        .get(0))
+}
+
+/// dedup.advance raises a partition's mark once per position, in the caller's
+/// transaction; position() reads it; a second consumer of the partition waits for the
+/// first and then compares with what it committed; bad input is refused.
+pub async fn advance_raises_each_partition_once(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    ensure_eq(pos(&c, 0).await?, None, "no mark yet")?;
+    for (p, position, want) in [
+        (0, 5i64, true),
+        (0, 5, false),
+        (0, 3, false),
+        (0, 9, true),
+        (1, 0, true),
+    ] {
+        c.batch_execute("BEGIN").await?;
+        let got: bool = c
+            .query_one("SELECT dedup.advance('orders', $1, $2)", &[&p, &position])
+            .await?
+            .get(0);
+        c.batch_execute("COMMIT").await?;
+        ensure_eq(got, want, &format!("advance(orders, {p}, {position})"))?;
+    }
+    ensure_eq(pos(&c, 0).await?, Some(9), "mark of partition 0")?;
+    ensure_eq(pos(&c, 1).await?, Some(0), "mark of partition 1")?;
+    // Rolled back with the effects.
+    c.batch_execute("BEGIN; SELECT dedup.advance('orders', 0, 20); ROLLBACK")
+        .await?;
+    ensure_eq(pos(&c, 0).await?, Some(9), "after a rollback")?;
+
+    // A rebalance: two consumers of partition 2.
+    let a = ctx.connect().await?;
+    let b = ctx.connect().await?;
+    a.batch_execute("BEGIN; SELECT dedup.advance('orders', 2, 10)")
+        .await?;
+    let b_pid = b.pid;
+    let waiting = tokio::spawn(async move {
+        let r: bool = b
+            .query_one("SELECT dedup.advance('orders', 2, 10)", &[])
+            .await?
+            .get(0);
+        Ok::<_, anyhow::Error>(r)
+    });
+    wait_until_blocked(&c, b_pid).await?;
+    a.batch_execute("COMMIT").await?;
+    ensure_eq(
+        waiting.await??,
+        false,
+        "the second consumer after the first committed 10",
+    )?;
+
+    for (sql, state) in [
+        ("SELECT dedup.advance(NULL, 0, 1)", "22004"),
+        ("SELECT dedup.advance('s', NULL, 1)", "22004"),
+        ("SELECT dedup.advance('s', 0, NULL)", "22004"),
+        ("SELECT dedup.advance('', 0, 1)", "22023"),
+        ("SELECT dedup.advance('s', -1, 1)", "22023"),
+        ("SELECT dedup.advance('s', 0, -1)", "22023"),
+        ("SELECT dedup.advance(repeat('s', 129), 0, 1)", "22001"),
+        ("SELECT dedup.position(NULL, 0)", "22004"),
+    ] {
+        let got = expect_sqlstate(c.query(sql, &[]).await, sql)?;
+        ensure_eq(got.as_str(), state, sql)?;
+    }
+    // A read-only transaction cannot advance.
+    c.batch_execute("BEGIN READ ONLY").await?;
+    let ro = expect_sqlstate(
+        c.query("SELECT dedup.advance('orders', 0, 100)", &[]).await,
+        "read only",
+    )?;
+    c.batch_execute("ROLLBACK").await?;
+    ensure_eq(ro.as_str(), "25006", "advance in a read-only transaction")?;
+    // Any role may advance and read positions; nobody writes the table directly.
+    let (_, app) = crate::common::unprivileged(&ctx, "offsets", "").await?;
+    app.batch_execute("BEGIN; SELECT dedup.advance('app', 0, 1); COMMIT")
+        .await?;
+    let direct = expect_sqlstate(
+        app.query("DELETE FROM dedup.offsets", &[]).await,
+        "DELETE as app",
+    )?;
+    ensure_eq(direct.as_str(), "42501", "the table is the extension's")?;
+    Ok(())
+}

@@ -1,0 +1,59 @@
+-- dedup 0.6.0: offsets per partition (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
+-- changes for an upgrade (a test compares the two catalogs).
+--
+-- For an ordered, partitioned log (Kafka, Redis Streams, Kinesis) the cheapest exact record
+-- of what was done is one position per partition, raised in the transaction of the effects:
+-- one row per (stream, partition), nothing to prune.
+
+CREATE TABLE dedup.offsets (
+    stream      pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    partition   pg_catalog.int4 NOT NULL,
+    "position"  pg_catalog.int8 NOT NULL,
+    advanced_at pg_catalog.timestamptz NOT NULL,
+    CONSTRAINT offsets_pkey PRIMARY KEY (stream, partition)
+);
+COMMENT ON TABLE dedup.offsets IS
+    'The position of each partition of an ordered log, raised by dedup.advance in the transaction of the effects.';
+REVOKE ALL ON TABLE dedup.offsets FROM PUBLIC;
+GRANT SELECT ON TABLE dedup.offsets TO pg_monitor;
+SELECT pg_catalog.pg_extension_config_dump('dedup.offsets', '');
+
+-- true: position is above the partition's mark, which is raised to it in the caller's
+-- transaction (committed or rolled back with the effects); false: at or below it (a
+-- redelivery or a rewind). A concurrent advance of the same partition waits for the other
+-- transaction, then compares with what it committed.
+CREATE FUNCTION dedup.advance(stream pg_catalog.text, partition pg_catalog.int4, "position" pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raised boolean;
+BEGIN
+    PERFORM dedup._check_offset('dedup.advance', $1, $2, $3);
+    INSERT INTO dedup.offsets AS o (stream, partition, "position", advanced_at)
+    VALUES ($1, $2, $3, now())
+    ON CONFLICT ON CONSTRAINT offsets_pkey DO UPDATE
+        SET "position" = excluded."position", advanced_at = excluded.advanced_at
+        WHERE o."position" < excluded."position";
+    raised := FOUND;
+    RETURN raised;
+END
+$$;
+COMMENT ON FUNCTION dedup.advance(pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS
+'true when position is above the stored mark of (stream, partition), which it raises in the caller''s transaction; false for a position at or below it (a redelivery or a rewind).';
+
+-- The stored mark (NULL when none): where a consumer seeks on start.
+CREATE FUNCTION dedup.position(stream pg_catalog.text, partition pg_catalog.int4)
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_offset('dedup.position', $1, $2, 0);
+    RETURN (SELECT o."position" FROM dedup.offsets AS o WHERE o.stream = $1 AND o.partition = $2);
+END
+$$;
+COMMENT ON FUNCTION dedup.position(pg_catalog.text, pg_catalog.int4) IS
+'The stored mark of (stream, partition), NULL when none: where a consumer of the partition seeks on start.';
+REVOKE ALL ON FUNCTION dedup._check_offset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;

@@ -1,0 +1,168 @@
+//! Batch consumers and partitioned logs (issue 14): `dedup.try_claim_many` claims a batch
+//! of jobs in one call; `dedup.advance` and `dedup.position` keep one position per
+//! partition of an ordered log (sql/offsets.sql).
+//!
+//! A batch is claimed key by key through the claim path of `try_claim` (claim.rs), in one
+//! canonical order (the keys' bytes, the order of the primary key), so two transactions
+//! claiming overlapping batches wait for each other in the same order and never deadlock
+//! each other: the first to reach a shared key holds it, the other waits there, holding
+//! only keys that sort before it.
+use crate::{claim, error};
+use pgrx::prelude::*;
+use std::collections::BTreeMap;
+
+const FUNC: &str = "dedup.try_claim_many";
+
+/// The most job ids one call takes: the claims of a call are one transaction's, each
+/// holding its key until the commit; larger batches belong in several calls.
+pub const MAX_BATCH: usize = 10_000;
+
+/// Claim the checked, canonical keys of `ids` (index in the input, key) in `scope`; the
+/// indices of the jobs this call claimed, in input order (an id repeated in the array is
+/// claimed once, at its first position).
+fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
+    let scope = scope.unwrap_or_else(|| error::null_argument(FUNC, "scope"));
+    claim::check_scope(FUNC, scope);
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    claim::check_transaction(FUNC);
+    let route = claim::claim_route(FUNC);
+    // Canonical order, each key once (the first position it appears at).
+    let mut keys: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, k) in ids {
+        keys.entry(k.as_str()).or_insert(*i);
+    }
+    let mut claimed: Vec<usize> = keys
+        .into_iter()
+        .filter(|(key, _)| {
+            claim::claim_checked(FUNC, scope, key, None, route) == claim::Outcome::Claimed
+        })
+        .map(|(_, i)| i)
+        .collect();
+    claimed.sort_unstable();
+    claimed
+}
+
+/// Check an array's elements as job ids: not NULL (22004), not empty (22023), at most
+/// 1024 bytes (22001), each error naming the element's position (1-based); at most
+/// [`MAX_BATCH`] of them (54000).
+fn checked_keys<T>(
+    len: usize,
+    ids: impl Iterator<Item = Option<T>>,
+    key: impl Fn(&T) -> String,
+) -> (Vec<T>, Vec<(usize, String)>) {
+    if len > MAX_BATCH {
+        error::batch_too_large(FUNC, len, MAX_BATCH);
+    }
+    let mut values = Vec::with_capacity(len);
+    let mut keys = Vec::with_capacity(len);
+    for (i, id) in ids.enumerate() {
+        let arg = || format!("job_ids[{}]", i + 1);
+        let Some(id) = id else {
+            error::null_argument(FUNC, &arg());
+        };
+        let k = key(&id);
+        if k.is_empty() {
+            error::empty_argument(FUNC, &arg());
+        }
+        if k.len() > error::MAX_JOB_ID_BYTES {
+            error::too_long(FUNC, &arg(), k.len(), error::MAX_JOB_ID_BYTES);
+        }
+        keys.push((i, k));
+        values.push(id);
+    }
+    (values, keys)
+}
+
+/// `dedup.try_claim_many(job_ids text[], scope)`: the job ids this call claimed, in the
+/// order of the array, each once. SETOF, so that it composes in SQL: `SELECT ... FROM
+/// jobs WHERE id IN (SELECT dedup.try_claim_many($1))`, `INSERT ... SELECT`, or `=
+/// ANY(ARRAY(...))`.
+#[pg_extern(name = "try_claim_many", volatile, parallel_unsafe)]
+fn try_claim_many_text(
+    job_ids: Option<Array<&str>>,
+    scope: default!(Option<&str>, "'default'"),
+) -> SetOfIterator<'static, String> {
+    let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
+    let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |s: &&str| s.to_string());
+    let claimed = claim_many(&keys, scope);
+    SetOfIterator::new(
+        claimed
+            .into_iter()
+            .map(move |i| values[i].to_string())
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// The same for bigint job ids (each the job of its decimal text, as `try_claim(bigint)`).
+#[pg_extern(name = "try_claim_many", volatile, parallel_unsafe)]
+fn try_claim_many_bigint(
+    job_ids: Option<Array<i64>>,
+    scope: default!(Option<&str>, "'default'"),
+) -> SetOfIterator<'static, i64> {
+    let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
+    let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |n: &i64| n.to_string());
+    let claimed = claim_many(&keys, scope);
+    SetOfIterator::new(claimed.into_iter().map(|i| values[i]).collect::<Vec<_>>())
+}
+
+/// The same for uuid job ids (each the job of its canonical text, as `try_claim(uuid)`).
+#[pg_extern(name = "try_claim_many", volatile, parallel_unsafe)]
+fn try_claim_many_uuid(
+    job_ids: Option<Array<pgrx::Uuid>>,
+    scope: default!(Option<&str>, "'default'"),
+) -> SetOfIterator<'static, pgrx::Uuid> {
+    let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
+    let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |u: &pgrx::Uuid| {
+        u.to_string()
+    });
+    let claimed = claim_many(&keys, scope);
+    SetOfIterator::new(claimed.into_iter().map(|i| values[i]).collect::<Vec<_>>())
+}
+
+/// `dedup._check_offset(func, stream, partition, position)`: the checks of
+/// `dedup.advance` and `dedup.position`, with errors that name `func`.
+#[pg_extern(name = "_check_offset", volatile, parallel_safe)]
+pub(crate) fn check_offset(
+    func: &str,
+    stream: Option<&str>,
+    partition: Option<i32>,
+    position: Option<i64>,
+) {
+    let stream = stream.unwrap_or_else(|| error::null_argument(func, "stream"));
+    let partition = partition.unwrap_or_else(|| error::null_argument(func, "partition"));
+    let position = position.unwrap_or_else(|| error::null_argument(func, "position"));
+    if stream.is_empty() {
+        error::empty_argument(func, "stream");
+    }
+    if stream.len() > error::MAX_SCOPE_BYTES {
+        error::too_long(func, "stream", stream.len(), error::MAX_SCOPE_BYTES);
+    }
+    if partition < 0 {
+        error::negative(func, "partition", i64::from(partition));
+    }
+    if position < 0 {
+        error::negative(func, "position", position);
+    }
+    if func == "dedup.advance" {
+        claim::check_writable(func);
+    }
+}
+
+extension_sql!(
+    r#"
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text) IS
+'Claim a batch of jobs for the current transaction: the ids claimed now (each once, in array order); the others were done or claimed before. Claims in key order, so overlapping batches never deadlock each other. At most 10000 ids.';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.int8[], pg_catalog.text) IS
+'dedup.try_claim_many for bigint job ids (the same jobs as their decimal text).';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.uuid[], pg_catalog.text) IS
+'dedup.try_claim_many for uuid job ids (the same jobs as their canonical text).';
+"#,
+    name = "try_claim_many_comments",
+    requires = [
+        try_claim_many_text,
+        try_claim_many_bigint,
+        try_claim_many_uuid
+    ]
+);
