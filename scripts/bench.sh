@@ -7,6 +7,7 @@
 #   make bench PG="15 16 17 18"     on each of those majors
 #   RATIO_ONLY=1 make bench PG=...  only the side-by-side try_claim / hand-written ratio
 #   STATS_ONLY=1 make bench          only the counters on/off comparison
+#   BATCH_ONLY=1 make bench          only the batches of 100 (bench/batch/run.sh)
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 majors=${PG:-$DEDUP_PG_MAJOR}
@@ -25,8 +26,8 @@ for major in $majors; do
     # Preloaded (the counters of dedup.stats count; the worker does not prune: interval 0).
     target/debug/with-server --conf shared_buffers=1GB --conf max_wal_size=8GB \
         --conf checkpoint_timeout=30min --conf shared_preload_libraries=dedup --conf dedup.prune_interval=0 \
-        --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash bench/run.sh
-    if [ -z "${RATIO_ONLY:-}${STATS_ONLY:-}" ]; then
+        --db bench -- env OUT="$out" BENCH_COMMIT="$commit" bash "bench/${BATCH_ONLY:+batch/}run.sh"
+    if [ -z "${RATIO_ONLY:-}${STATS_ONLY:-}${BATCH_ONLY:-}" ]; then
         step "PostgreSQL $major: instructions per transaction (callgrind)"
         bash bench/callgrind.sh | sed 's/^/callgrind /' | tee -a "$out"
     fi

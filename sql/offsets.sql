@@ -37,6 +37,7 @@ BEGIN
         SET "position" = excluded."position", advanced_at = excluded.advanced_at
         WHERE o."position" < excluded."position";
     raised := FOUND;
+    PERFORM dedup._count($1, CASE WHEN raised THEN 'advance' ELSE 'stale' END);
     RETURN raised;
 END
 $$;

@@ -21,7 +21,8 @@ CREATE OR REPLACE VIEW dedup.stats AS
            c.waits, c.wait_time, c.wait_max,
            CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
                  AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
-                THEN dedup.retention(c.scope) END AS retention
+                THEN dedup.retention(c.scope) END AS retention,
+           c.batches, c.advances
       FROM dedup.stats_counters() AS c
       LEFT JOIN dedup._prune_status AS p
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
@@ -48,7 +49,7 @@ RETURNS TABLE (
     late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
     duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
     waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
-    retention pg_catalog.interval)
+    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$

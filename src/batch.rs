@@ -28,6 +28,7 @@ fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
     }
     claim::check_transaction(FUNC);
     let route = claim::claim_route(FUNC);
+    crate::stats::count(scope, crate::stats::Event::Batch);
     // Canonical order, each key once (the first position it appears at).
     let mut keys: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, k) in ids {

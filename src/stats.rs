@@ -51,6 +51,11 @@ pub enum Event {
     Busy { claimed_at: i64, started: i64 },
     /// Another payload fingerprint (YD001).
     FingerprintMismatch,
+    /// A `try_claim_many` call (its jobs count as claims, duplicates and busy, each).
+    Batch,
+    /// A `dedup.advance` call that raised its partition's mark (`raised`), or found the
+    /// position at or below it (a redelivery: counted as a duplicate).
+    Advance { raised: bool },
 }
 
 /// Upper bounds of the duplicate-age buckets, in seconds; the last bucket has none. Half a
@@ -60,7 +65,7 @@ pub enum Event {
 pub const AGE_BOUNDS: [u64; 9] = [1, 60, 600, 3600, 21_600, 43_200, 86_400, 302_400, 604_800];
 const AGE_BUCKETS: usize = AGE_BOUNDS.len() + 1;
 const _: () = assert!(
-    VALUES == 13 + AGE_BUCKETS,
+    VALUES == 15 + AGE_BUCKETS,
     "Entry::values lists every counter"
 );
 
@@ -154,6 +159,9 @@ struct Entry {
     waits: AtomicU64,
     wait_sum: AtomicU64,
     wait_max: AtomicU64,
+    /// try_claim_many calls, and dedup.advance calls that raised a mark.
+    batches: AtomicU64,
+    advances: AtomicU64,
 }
 
 impl Entry {
@@ -190,6 +198,8 @@ impl Entry {
             f(std::ptr::addr_of!((*e).waits)),
             f(std::ptr::addr_of!((*e).wait_sum)),
             f(std::ptr::addr_of!((*e).wait_max)),
+            f(std::ptr::addr_of!((*e).batches)),
+            f(std::ptr::addr_of!((*e).advances)),
         ]
     }
 }
@@ -507,6 +517,17 @@ pub fn count(scope: &str, event: Event) {
                 field(std::ptr::addr_of!((*entry).mismatches)).fetch_add(1, Ordering::Relaxed);
                 advance(field(std::ptr::addr_of!((*entry).last_used_at)), now);
             }
+            Event::Batch => {
+                field(std::ptr::addr_of!((*entry).batches)).fetch_add(1, Ordering::Relaxed);
+            }
+            Event::Advance { raised: true } => {
+                field(std::ptr::addr_of!((*entry).advances)).fetch_add(1, Ordering::Relaxed);
+                advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
+            }
+            Event::Advance { raised: false } => {
+                field(std::ptr::addr_of!((*entry).duplicates)).fetch_add(1, Ordering::Relaxed);
+                advance(field(std::ptr::addr_of!((*entry).last_duplicate_at)), now);
+            }
         }
     }
 }
@@ -785,6 +806,8 @@ pub struct Row {
     /// Microseconds.
     pub wait_sum: i64,
     pub wait_max: i64,
+    pub batches: i64,
+    pub advances: i64,
 }
 
 fn ts(v: u64) -> Option<i64> {
@@ -830,11 +853,14 @@ pub fn rows() -> Vec<Row> {
                     waits: e.waits.load(Ordering::Relaxed) as i64,
                     wait_sum: e.wait_sum.load(Ordering::Relaxed) as i64,
                     wait_max: e.wait_max.load(Ordering::Relaxed) as i64,
+                    batches: e.batches.load(Ordering::Relaxed) as i64,
+                    advances: e.advances.load(Ordering::Relaxed) as i64,
                 }
             })
             .filter(|r: &Row| {
                 // The overflow entry, once it has counted something.
-                r.dbid != pg_sys::InvalidOid || r.claims + r.duplicates + r.busy + r.mismatches > 0
+                r.dbid != pg_sys::InvalidOid
+                    || r.claims + r.duplicates + r.busy + r.mismatches + r.batches + r.advances > 0
             })
             .collect();
         pg_sys::LWLockRelease(shared.lock);
@@ -887,9 +913,9 @@ pub fn reset() {
 // u64 counters; then an FNV-1a 64-bit checksum of everything before it. A file is loaded
 // whole or not at all.
 
-/// Counters per entry in the file: 23 from version 3 (0.6.0), 6 in version 2 (0.5.0),
+/// Counters per entry in the file: 25 from version 3 (0.6.0), 6 in version 2 (0.5.0),
 /// which is still read (the new counters start at zero).
-const VALUES: usize = 23;
+const VALUES: usize = 25;
 const VALUES_V2: usize = 6;
 const HEADER: usize = 4 * 4 + 3 * 8;
 const fn record(values: usize) -> usize {
@@ -1100,6 +1126,8 @@ fn stats_counters() -> TableIterator<
         name!(waits, i64),
         name!(wait_time, Interval),
         name!(wait_max, Interval),
+        name!(batches, i64),
+        name!(advances, i64),
     ),
 > {
     if !available() {
@@ -1135,6 +1163,8 @@ fn stats_counters() -> TableIterator<
                 r.waits,
                 micros(r.wait_sum),
                 micros(r.wait_max),
+                r.batches,
+                r.advances,
             )
         })
         .collect();
@@ -1202,6 +1232,8 @@ pub(crate) fn count_event_at(scope: &str, event: &str, claimed_at: Option<Timest
             started: 0,
         },
         "fingerprint_mismatch" => Event::FingerprintMismatch,
+        "advance" => Event::Advance { raised: true },
+        "stale" => Event::Advance { raised: false },
         other => pgrx::error!("dedup._count: unknown event {other:?}"),
     };
     count(scope, event);

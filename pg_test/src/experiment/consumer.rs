@@ -41,6 +41,8 @@ pub struct ConsumerArgs {
     pub marker_gap: Duration,
     pub reclaim_idle: Duration,
     pub scope: String,
+    /// Consumer processes in the run (the `offsets` strategy splits partitions by it).
+    pub consumers: u32,
 }
 
 impl ConsumerArgs {
@@ -68,6 +70,8 @@ impl ConsumerArgs {
             ms(self.reclaim_idle),
             "--scope".into(),
             self.scope.clone(),
+            "--consumers".into(),
+            self.consumers.to_string(),
         ]
     }
 
@@ -83,6 +87,7 @@ impl ConsumerArgs {
             marker_gap: Duration::ZERO,
             reclaim_idle: Duration::from_secs(2),
             scope: "default".into(),
+            consumers: 1,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -106,6 +111,7 @@ impl ConsumerArgs {
                 "--marker-gap-ms" => c.marker_gap = ms(&value)?,
                 "--reclaim-idle-ms" => c.reclaim_idle = ms(&value)?,
                 "--scope" => c.scope = value,
+                "--consumers" => c.consumers = value.parse()?,
                 other => bail!("consumer: unknown argument {other}"),
             }
         }
@@ -176,6 +182,16 @@ struct Reclaim {
 pub async fn main(args: ConsumerArgs) -> Result<()> {
     let strategy: &'static Strategy = strategy::by_key(&args.strategy)
         .ok_or_else(|| anyhow!("unknown strategy {}", args.strategy))?;
+    if strategy.key == "offsets" {
+        // c1, c2, ...: consumer i - 1 of the run's.
+        let index = args
+            .name
+            .trim_start_matches(|c: char| !c.is_ascii_digit())
+            .parse::<u32>()
+            .unwrap_or(1)
+            .saturating_sub(1);
+        return super::offsets::main(args.clone(), index, args.consumers.max(1)).await;
+    }
     let client = redis::Client::open(args.redis_url.as_str())?;
     // No response timeout: on two busy cores an answer may take a while.
     let config = AsyncConnectionConfig::new()

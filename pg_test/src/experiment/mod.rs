@@ -7,10 +7,12 @@
 //!
 //! - [`strategy`]: the strategies, as the guide writes them, plus `dedup.try_claim`
 //! - [`consumer`]: one consumer process (`experiment consumer ...`)
+//! - [`offsets`]: the `offsets` strategy: a partitioned log, `dedup.advance` per batch
 //! - [`run`]: the orchestrator: publish, start and kill consumers, wait for the drain, count
 //! - [`report`]: the table, the JSON file, the SVG chart
 //! - [`redis_server`]: a throwaway `redis-server`
 pub mod consumer;
+pub mod offsets;
 pub mod redis_server;
 pub mod report;
 pub mod run;

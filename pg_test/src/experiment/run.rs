@@ -233,6 +233,7 @@ impl Experiment {
                 marker_gap: cfg.marker_gap,
                 reclaim_idle: cfg.reclaim_idle,
                 scope: scope.clone(),
+                consumers: cfg.consumers,
             };
             consumers.push(self.spawn(args)?);
         }
@@ -250,25 +251,47 @@ impl Experiment {
         }
 
         let started = Instant::now();
-        let last_id = publish(&mut r, cfg).await?;
-        let total = cfg.messages();
+        // The offsets strategy reads a partitioned log: each job once, in its partition's
+        // stream, and no consumer group (super::offsets).
+        let offsets = strategy.key == "offsets";
+        let (last_id, last_positions) = if offsets {
+            (String::new(), super::offsets::publish(&mut r, cfg).await?)
+        } else {
+            (publish(&mut r, cfg).await?, Vec::new())
+        };
+        let total = if offsets {
+            cfg.jobs as u64
+        } else {
+            cfg.messages()
+        };
 
         let mut progress = Progress::new();
         let mut kill = None;
         let (drained, acked, pending) = loop {
-            let info: StreamInfoGroupsReply = redis::cmd("XINFO")
-                .arg(&["GROUPS", STREAM])
-                .query_async(&mut r)
-                .await?;
-            let group = info
-                .groups
-                .into_iter()
-                .find(|g| g.name == GROUP)
-                .context("the consumer group is gone")?;
-            let pending = group.pending as u64;
-            let read = group.entries_read.unwrap_or(0) as u64;
-            let acked = read.saturating_sub(pending);
-            if group.last_delivered_id == last_id && pending == 0 {
+            let (done, acked, pending) = if offsets {
+                let (covered, done) =
+                    super::offsets::progress(&pg, &scope, &last_positions).await?;
+                (done, covered, total.saturating_sub(covered))
+            } else {
+                let info: StreamInfoGroupsReply = redis::cmd("XINFO")
+                    .arg(&["GROUPS", STREAM])
+                    .query_async(&mut r)
+                    .await?;
+                let group = info
+                    .groups
+                    .into_iter()
+                    .find(|g| g.name == GROUP)
+                    .context("the consumer group is gone")?;
+                let pending = group.pending as u64;
+                let read = group.entries_read.unwrap_or(0) as u64;
+                let acked = read.saturating_sub(pending);
+                (
+                    group.last_delivered_id == last_id && pending == 0,
+                    acked,
+                    pending,
+                )
+            };
+            if done {
                 break (true, acked, pending);
             }
             let elapsed = started.elapsed();
@@ -288,11 +311,15 @@ impl Experiment {
                 victim.killed = true;
                 let _ = victim.child.wait().await;
                 children::unregister(victim.pid);
-                let consumers: Vec<StreamInfoConsumer> = redis::cmd("XINFO")
-                    .arg(&["CONSUMERS", STREAM, GROUP])
-                    .query_async::<StreamInfoConsumersReply>(&mut r)
-                    .await?
-                    .consumers;
+                let consumers: Vec<StreamInfoConsumer> = if offsets {
+                    Vec::new()
+                } else {
+                    redis::cmd("XINFO")
+                        .arg(&["CONSUMERS", STREAM, GROUP])
+                        .query_async::<StreamInfoConsumersReply>(&mut r)
+                        .await?
+                        .consumers
+                };
                 kill = Some(Kill {
                     consumer: victim.name.clone(),
                     at_s: elapsed.as_secs_f64(),

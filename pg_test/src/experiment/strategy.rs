@@ -192,9 +192,21 @@ pub const STRATEGIES: &[Strategy] = &[
         guide: NOT_IN_GUIDE,
         handle: |env, c, job| Box::pin(dedup_lease(env, c, job, env.marker_gap)),
     },
+    Strategy {
+        key: "offsets",
+        title: "dedup.advance, offsets per partition",
+        guide: NOT_IN_GUIDE,
+        handle: |env, c, job| Box::pin(per_partition(env, c, job)),
+    },
 ];
 
 /// The strategy named `key`.
+/// The `offsets` strategy has no per-message handler: its consumers read partitions
+/// (super::offsets).
+async fn per_partition(_env: &Env, _c: &Conns, _job: i64) -> Result<Outcome> {
+    anyhow::bail!("the offsets strategy reads partitions, not messages")
+}
+
 pub fn by_key(key: &str) -> Option<&'static Strategy> {
     STRATEGIES.iter().find(|s| s.key == key)
 }

@@ -74,7 +74,7 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
         none.duplicates > 0,
         format!("none: expected duplicates, got {}", none.duplicates),
     );
-    for key in ["try-claim", "processed-tx"] {
+    for key in ["try-claim", "processed-tx", "offsets"] {
         for crash in [false, true] {
             let r = one(&runs, key, crash)?;
             check(
@@ -85,6 +85,20 @@ pub async fn short_matrix_shows_the_guides_pattern(ctx: Ctx) -> Result<()> {
                 ),
             );
         }
+    }
+    // The offsets consumers delivered every entry at least twice (each batch twice, and
+    // after the crash the partitions taken over from the database's position).
+    for crash in [false, true] {
+        let r = one(&runs, "offsets", crash)?;
+        let delivered: u64 = r.consumers.iter().map(|c| c.stats.delivered).sum();
+        let took_over: u64 = r.consumers.iter().map(|c| c.stats.reclaimed).sum();
+        check(
+            delivered >= 2 * r.jobs && (!r.crashed() || took_over > 0),
+            format!(
+                "offsets crash={crash}: {delivered} deliveries of {} jobs, {took_over} partitions taken over",
+                r.jobs
+            ),
+        );
     }
     // dedup's lease never loses a job, crash or not, and without a crash runs each job once;
     // a crash between the effect and dedup.complete may repeat one (at-least-once).
