@@ -7,7 +7,7 @@
 //! claiming overlapping batches wait for each other in the same order and never deadlock
 //! each other: the first to reach a shared key holds it, the other waits there, holding
 //! only keys that sort before it.
-use crate::{claim, error};
+use crate::{citus, claim, error};
 use pgrx::prelude::*;
 use std::collections::BTreeMap;
 
@@ -34,13 +34,41 @@ fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
     for (i, k) in ids {
         keys.entry(k.as_str()).or_insert(*i);
     }
-    let mut claimed: Vec<usize> = keys
-        .into_iter()
-        .filter(|(key, _)| {
-            claim::claim_checked(FUNC, scope, key, None, route) == claim::Outcome::Claimed
-        })
-        .map(|(_, i)| i)
-        .collect();
+    let keys: Vec<(&str, usize)> = keys.into_iter().collect();
+    let mut claimed = Vec::new();
+    if route == citus::Route::Citus {
+        for &(key, i) in &keys {
+            if claim::claim_checked(FUNC, scope, key, None, route) == claim::Outcome::Claimed {
+                claimed.push(i);
+            }
+        }
+    } else {
+        // One executor state and one open table for the whole batch; the outcomes are
+        // counted afterwards (counting may run SQL, which must not run while the claim
+        // table is open).
+        let mut previous = crate::stats::clock_if_counting();
+        let mut outcomes = Vec::with_capacity(keys.len());
+        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, _)| (k, None)).collect();
+        // SAFETY: insert_claims' contract (that of insert_claim): in a transaction that
+        // may write (check_transaction refused a standby, a read-only transaction and
+        // parallel mode), on the backend's main thread, under the pgrx guard of the
+        // #[pg_extern] try_claim_many that called us.
+        unsafe {
+            claim::insert_claims(scope, &pairs, |_, outcome| {
+                // A key's claim began when the one before it ended: the wait of a busy key
+                // is its own.
+                let now = crate::stats::clock_if_counting();
+                outcomes.push((outcome, previous, now));
+                previous = now;
+            });
+        }
+        for ((outcome, started, ended), &(_, i)) in outcomes.into_iter().zip(&keys) {
+            if outcome == claim::Outcome::Claimed {
+                claimed.push(i);
+            }
+            claim::count_at(scope, &outcome, started, ended);
+        }
+    }
     claimed.sort_unstable();
     claimed
 }
@@ -148,6 +176,11 @@ pub(crate) fn check_offset(
     }
     if func == "dedup.advance" {
         claim::check_writable(func);
+    }
+    // dedup.offsets is a table of each node: on Citus the positions live on the
+    // coordinator (a worker's would be seen by no other node).
+    if crate::citus::on_worker() {
+        error::offsets_on_worker(func);
     }
 }
 

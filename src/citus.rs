@@ -172,6 +172,36 @@ pub(crate) fn route() -> Route {
     }
 }
 
+/// Whether this node is a Citus worker (Citus loaded, its catalog here, and a group id
+/// other than the coordinator's 0). Not cached: asked only by dedup.advance and position.
+pub(crate) fn on_worker() -> bool {
+    if !citus_loaded() {
+        return false;
+    }
+    // SAFETY: a syscache lookup; InvalidOid when Citus's catalog is absent.
+    let catalog = unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_local_group".as_ptr(),
+            pg_sys::PG_CATALOG_NAMESPACE.into(),
+        )
+    };
+    if catalog == pg_sys::InvalidOid {
+        return false;
+    }
+    Spi::connect(|c| {
+        c.select(
+            "SELECT g.groupid OPERATOR(pg_catalog.>) 0 FROM pg_catalog.pg_dist_local_group AS g",
+            Some(1),
+            &[],
+        )?
+        .first()
+        .get_one::<bool>()
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
 /// Whether claims go through Citus.
 pub(crate) fn routes_claims() -> bool {
     route() == Route::Citus

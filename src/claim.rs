@@ -210,19 +210,39 @@ pub(crate) fn claim_checked(
         // called us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
         unsafe { insert_claim(scope, job_id, fingerprint) }
     };
+    count(scope, &outcome, started);
+    outcome
+}
+
+/// Count a claim's outcome in dedup.stats; `started` is the clock when the claim began
+/// (0: not counting), for the wait of a busy one.
+pub(crate) fn count(scope: &str, outcome: &Outcome, started: i64) {
+    let ended = if started > 0 && matches!(outcome, Outcome::Busy { .. }) {
+        stats::clock_if_counting()
+    } else {
+        0
+    };
+    count_at(scope, outcome, started, ended);
+}
+
+/// [`count`] with the clock at the claim's answer (`ended`) read already.
+pub(crate) fn count_at(scope: &str, outcome: &Outcome, started: i64, ended: i64) {
     stats::count(
         scope,
-        match outcome {
+        match *outcome {
             Outcome::Claimed => stats::Event::Claim,
             Outcome::Duplicate { claimed_at } => stats::Event::Duplicate { claimed_at },
             Outcome::Busy { claimed_at } => stats::Event::Busy {
                 claimed_at,
-                started,
+                waited: if started > 0 && ended > 0 {
+                    (ended - started).max(1)
+                } else {
+                    0
+                },
             },
             Outcome::FingerprintMismatch => stats::Event::FingerprintMismatch,
         },
     );
-    outcome
 }
 
 /// Insert the claim row the way `INSERT ... ON CONFLICT DO NOTHING` does, without the
@@ -247,12 +267,30 @@ pub(crate) fn claim_checked(
 /// descriptor and buffer pins and the locks through the resource owner, and the executor
 /// state's memory with the caller's memory context it is a child of.
 unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
+    let mut outcome = Outcome::Claimed;
+    insert_claims(scope, &[(job_id, fingerprint)], |_, o| outcome = o);
+    outcome
+}
+
+/// [`insert_claim`] for several jobs of one scope, in the order given, with one executor
+/// state, one open relation and one slot for all of them (what makes a batch cost what
+/// one INSERT of many rows costs); `each(i, outcome)` is told the outcome of `keys[i]`
+/// as soon as it is known, while the claim table is open: it must not run SQL.
+///
+/// # Safety
+///
+/// As for [`insert_claim`].
+pub(crate) unsafe fn insert_claims(
+    scope: &str,
+    keys: &[(&str, Option<&str>)],
+    mut each: impl FnMut(usize, Outcome),
+) {
     // SAFETY: open_processed (in a transaction, under the guard) returns dedup.processed
     // open with RowExclusiveLock: `rel` points to its relcache entry, valid until the
     // table_close at the end of this function (or the transaction's abort).
     let rel = open_processed();
     let layout = check_layout(rel);
-    if fingerprint.is_some() && layout == Layout::Claims {
+    if keys.iter().any(|(_, fp)| fp.is_some()) && layout == Layout::Claims {
         error::needs_update(FUNC, "a payload fingerprint", "0.3.0");
     }
 
@@ -283,75 +321,86 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     // entries, which check_layout made layout.columns(); the two slices into them are used
     // only before ExecStoreVirtualTuple, while the slot lives. ExecClearTuple empties it.
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-    pg_sys::ExecClearTuple(slot);
-    let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
-    let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
-    // scope, job_id, processed_at, fingerprint; no result, no lease.
-    nulls.fill(true);
-    // SAFETY: text_datum pallocs each text in es_query_cxt (it lives as long as the slot
-    // that points to it); every length was checked against its limit (check_key,
-    // check_fingerprint). unguarded::GetCurrentTransactionStartTimestamp only returns
-    // xactStartTimestamp, and unguarded::ExecStoreVirtualTuple only sets the slot's flags
-    // and tts_nvalid = natts (all natts values and nulls are set above): neither can raise
-    // an ERROR, so they are called without pgrx's guard.
-    values[0] = text_datum(scope);
-    values[1] = text_datum(job_id);
-    values[2] = pg_sys::Datum::from(unguarded::GetCurrentTransactionStartTimestamp());
-    nulls[..3].fill(false);
-    if let Some(fp) = fingerprint {
-        values[3] = text_datum(fp);
-        nulls[3] = false;
-    }
-    unguarded::ExecStoreVirtualTuple(slot);
-    (*slot).tts_tableOid = (*rel).rd_id;
+    // The scope's text and the claim time are the same for every key: made once.
+    let scope_datum = text_datum(scope);
+    let now = pg_sys::Datum::from(unguarded::GetCurrentTransactionStartTimestamp());
 
     // The primary key is the only arbiter, as in ON CONFLICT ON CONSTRAINT processed_pkey
     // DO NOTHING: a unique index someone added is checked like any index (a conflict
     // there is a unique violation), never taken for a claim. (check_layout found the key.)
     let arbiters = arbiters(rel);
-    // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
-    // above; `conflict_tid` is a local the check fills in. The calls that can raise an
-    // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
-    // inserter of the same key: deadlock, lock_timeout, cancel), inspect_conflict (see its
-    // contract), GetCurrentTransactionId (assigns an xid: ERROR near wraparound),
-    // SpeculativeInsertionLockAcquire (LockAcquire: out of shared lock memory; the lock is
-    // held by CurrentResourceOwner until the release below, or the abort),
-    // table_tuple_insert_speculative and insert_index_tuples (a heap or index insert:
-    // out of disk, a unique violation in a non-arbiter index), and check_for_interrupts!
-    // (ProcessInterrupts: cancel, timeouts). table_tuple_complete_speculative re-reads the
-    // page (an I/O ERROR is possible there) and then finishes or kills the tuple inside a
-    // critical section (where a failure is a PANIC, not an ERROR).
-    // unguarded::SpeculativeInsertionLockRelease releases the lock the same resource owner
-    // took a few calls before (see its declaration: no ERROR is reachable), and
-    // unguarded::list_free pfrees the recheck list insert_index_tuples built in
-    // es_query_cxt (NIL when empty), with no ERROR for a valid list.
-    let inserted = loop {
-        let mut conflict_tid = pg_sys::ItemPointerData::default();
-        if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
-            // A committed (or our own) claim exists.
-            break inspect_conflict(rel, layout, &mut conflict_tid, fingerprint);
-        }
-        let xid = pg_sys::GetCurrentTransactionId();
-        let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-        pg_sys::table_tuple_insert_speculative(
-            rel,
-            slot,
-            pg_sys::GetCurrentCommandId(true),
-            0,
-            std::ptr::null_mut(),
-            token,
-        );
-        let mut spec_conflict = false;
-        let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
-        pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
-        unguarded::SpeculativeInsertionLockRelease(xid);
-        unguarded::list_free(recheck);
-        if !spec_conflict {
-            break Outcome::Claimed;
-        }
-        // A concurrent inserter got its index entry in first: look again (and wait for it).
+    for (i, &(job_id, fingerprint)) in keys.iter().enumerate() {
+        // A batch of thousands can be cancelled between two of its claims.
         pg_sys::check_for_interrupts!();
-    };
+        pg_sys::ExecClearTuple(slot);
+        {
+            let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
+            let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
+            // scope, job_id, processed_at, fingerprint; no result, no lease.
+            nulls.fill(true);
+            // SAFETY: text_datum pallocs each text in es_query_cxt (it lives as long as the
+            // slot that points to it); every length was checked against its limit
+            // (check_key, check_fingerprint). unguarded::ExecStoreVirtualTuple only sets the
+            // slot's flags and tts_nvalid = natts (all natts values and nulls are set
+            // above): it cannot raise an ERROR, so it is called without pgrx's guard. The
+            // two slices end before it.
+            values[0] = scope_datum;
+            values[1] = text_datum(job_id);
+            values[2] = now;
+            nulls[..3].fill(false);
+            if let Some(fp) = fingerprint {
+                values[3] = text_datum(fp);
+                nulls[3] = false;
+            }
+        }
+        unguarded::ExecStoreVirtualTuple(slot);
+        (*slot).tts_tableOid = (*rel).rd_id;
+        // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
+        // above; `conflict_tid` is a local the check fills in. The calls that can raise an
+        // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
+        // inserter of the same key: deadlock, lock_timeout, cancel), inspect_conflict (see its
+        // contract), GetCurrentTransactionId (assigns an xid: ERROR near wraparound),
+        // SpeculativeInsertionLockAcquire (LockAcquire: out of shared lock memory; the lock is
+        // held by CurrentResourceOwner until the release below, or the abort),
+        // table_tuple_insert_speculative and insert_index_tuples (a heap or index insert:
+        // out of disk, a unique violation in a non-arbiter index), and check_for_interrupts!
+        // (ProcessInterrupts: cancel, timeouts). table_tuple_complete_speculative re-reads the
+        // page (an I/O ERROR is possible there) and then finishes or kills the tuple inside a
+        // critical section (where a failure is a PANIC, not an ERROR).
+        // unguarded::SpeculativeInsertionLockRelease releases the lock the same resource owner
+        // took a few calls before (see its declaration: no ERROR is reachable), and
+        // unguarded::list_free pfrees the recheck list insert_index_tuples built in
+        // es_query_cxt (NIL when empty), with no ERROR for a valid list.
+        let outcome = loop {
+            let mut conflict_tid = pg_sys::ItemPointerData::default();
+            if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
+                // A committed (or our own) claim exists.
+                break inspect_conflict(rel, layout, &mut conflict_tid, fingerprint);
+            }
+            let xid = pg_sys::GetCurrentTransactionId();
+            let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+            pg_sys::table_tuple_insert_speculative(
+                rel,
+                slot,
+                pg_sys::GetCurrentCommandId(true),
+                0,
+                std::ptr::null_mut(),
+                token,
+            );
+            let mut spec_conflict = false;
+            let recheck =
+                compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
+            pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
+            unguarded::SpeculativeInsertionLockRelease(xid);
+            unguarded::list_free(recheck);
+            if !spec_conflict {
+                break Outcome::Claimed;
+            }
+            // A concurrent inserter got its index entry in first: look again (and wait for it).
+            pg_sys::check_for_interrupts!();
+        };
+        each(i, outcome);
+    }
 
     // SAFETY: teardown in reverse order, each object still valid: the slot is dropped (its
     // tuple descriptor pin released) before the indexes it was inserted into are closed
@@ -366,7 +415,6 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
     pg_sys::MemoryContextSwitchTo(old_cxt);
     pg_sys::FreeExecutorState(estate);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
-    inserted
 }
 
 /// Look at the claim that conflicts with ours.

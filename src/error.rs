@@ -245,3 +245,13 @@ pub fn negative(func: &str, arg: &str, value: i64) -> ! {
         },
     )
 }
+
+/// dedup.advance or dedup.position on a Citus worker.
+pub fn offsets_on_worker(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: this node is a Citus worker; the positions of partitions live on the coordinator"),
+        "Call dedup.advance and dedup.position on the coordinator (in the transaction of the effects, \
+         which may be distributed tables).",
+    )
+}

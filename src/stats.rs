@@ -46,9 +46,9 @@ pub enum Event {
     /// `claimed_at`: when the claim it hit was made (microseconds since 2000; 0 unknown).
     Duplicate { claimed_at: i64 },
     /// A concurrent holder had it: `try_claim` waited for another transaction's claim and
-    /// then returned false (`started`: when the call began, from [`clock_if_counting`]; 0
-    /// for no wait); `lease` said busy.
-    Busy { claimed_at: i64, started: i64 },
+    /// then returned false (`waited`: microseconds from the call's start to its answer; 0
+    /// when not measured); `lease` said busy.
+    Busy { claimed_at: i64, waited: i64 },
     /// Another payload fingerprint (YD001).
     FingerprintMismatch,
     /// A `try_claim_many` call (its jobs count as claims, duplicates and busy, each).
@@ -502,9 +502,9 @@ pub fn count(scope: &str, event: Event) {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if let Event::Busy { started, .. } = event {
-                    if started > 0 {
-                        let waited = (pg_sys::GetCurrentTimestamp() - started).max(0) as u64;
+                if let Event::Busy { waited, .. } = event {
+                    if waited > 0 {
+                        let waited = waited as u64;
                         field(std::ptr::addr_of!((*entry).waits)).fetch_add(1, Ordering::Relaxed);
                         field(std::ptr::addr_of!((*entry).wait_sum))
                             .fetch_add(waited, Ordering::Relaxed);
@@ -1229,7 +1229,7 @@ pub(crate) fn count_event_at(scope: &str, event: &str, claimed_at: Option<Timest
         // A busy lease does not wait: no wait is counted.
         "busy" => Event::Busy {
             claimed_at,
-            started: 0,
+            waited: 0,
         },
         "fingerprint_mismatch" => Event::FingerprintMismatch,
         "advance" => Event::Advance { raised: true },

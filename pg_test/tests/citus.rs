@@ -53,6 +53,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     shard_move_while_claims_arrive,
     leases_across_nodes_and_pruning_of_every_shard,
     stats_per_node_and_for_the_cluster,
+    batches_and_offsets_on_citus,
     experiment_with_consumers_on_every_node,
 ];
 
@@ -895,6 +896,57 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
     )
     .await?;
     ensure!(still == 1, "the running lease was pruned");
+    Ok(())
+}
+
+/// try_claim_many through Citus, from a worker; offsets on the coordinator, in a
+/// transaction with a distributed effect; refused on a worker (55000).
+async fn batches_and_offsets_on_citus(cc: Cc) -> Result<()> {
+    let w2 = node_as(&cc, 2, APP).await?;
+    w2.batch_execute("BEGIN").await?;
+    let got: Vec<String> = w2
+        .query(
+            "SELECT dedup.try_claim_many(ARRAY['bc-1', 'bc-2', 'bc-1'])",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    w2.batch_execute("COMMIT").await?;
+    ensure!(got == ["bc-1", "bc-2"], "batch from worker 2: {got:?}");
+    let coord = node(&cc, 0).await?;
+    let again: i64 = coord
+        .query_one(
+            "SELECT count(*) FROM dedup.try_claim_many(ARRAY['bc-1', 'bc-2', 'bc-3'])",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure!(
+        again == 1,
+        "only bc-3 is new on the coordinator, got {again}"
+    );
+    coord
+        .batch_execute(
+            "BEGIN; SELECT dedup.advance('log', 0, 10);
+             INSERT INTO effects_c (job_id, node) VALUES ('log-0-10', 0); COMMIT;",
+        )
+        .await?;
+    let mark: i64 = coord
+        .query_one("SELECT dedup.position('log', 0)", &[])
+        .await?
+        .get(0);
+    ensure!(mark == 10, "mark on the coordinator: {mark}");
+    let w1 = node(&cc, 1).await?;
+    let refused = state_of(
+        w1.query("SELECT dedup.advance('log', 0, 11)", &[]).await,
+        "advance on a worker",
+    )?;
+    ensure!(
+        refused.starts_with("55000"),
+        "advance on a worker: {refused}"
+    );
     Ok(())
 }
 

@@ -123,6 +123,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     operations::forget_removes_done_claims_with_an_audit_row,
     operations::a_forgotten_job_claimed_again_is_a_claim,
     operations::a_counter_file_of_the_previous_format_is_read,
+    operations::batches_and_advances_are_counted,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     versions::one_version_everywhere,
     docs::readme_documents_every_function_and_setting,

@@ -435,3 +435,36 @@ pub async fn a_counter_file_of_the_previous_format_is_read(_ctx: Ctx) -> Result<
     }
     Ok(())
 }
+
+/// try_claim_many counts a batch and each of its jobs; advance counts a raised mark, and
+/// a position at or below it as a duplicate, under the stream's name.
+pub async fn batches_and_advances_are_counted(_ctx: Ctx) -> Result<()> {
+    let cluster = Cluster::start(preloaded("batch-stats"))?;
+    cluster.create_db_with_extension("app")?;
+    let c = as_consumer(&cluster, "app", "batcher").await?;
+    c.batch_execute(
+        "BEGIN; SELECT dedup.try_claim('b3', 'bs'); COMMIT;
+         BEGIN; SELECT dedup.try_claim_many(ARRAY['b1', 'b2', 'b3', 'b1'], 'bs'); COMMIT;
+         BEGIN; SELECT dedup.advance('st', 0, 1); SELECT dedup.advance('st', 0, 1); COMMIT;",
+    )
+    .await?;
+    let rows: Vec<(String, i64, i64, i64, i64)> = c
+        .query(
+            "SELECT scope, claims, duplicates, batches, advances FROM dedup.stats \
+              WHERE consumer = 'batcher' ORDER BY scope",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    ensure_eq(
+        rows,
+        vec![
+            ("bs".to_string(), 3, 1, 1, 0),
+            ("st".to_string(), 0, 1, 0, 1),
+        ],
+        "(scope, claims, duplicates, batches, advances)",
+    )?;
+    Ok(())
+}
