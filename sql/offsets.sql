@@ -1,4 +1,4 @@
--- dedup 0.6.0: offsets per partition (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
+-- dedup 0.6.0: offsets per partition, and try_claim_many with fingerprints (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
 -- changes for an upgrade (a test compares the two catalogs).
 --
 -- For an ordered, partitioned log (Kafka, Redis Streams, Kinesis) the cheapest exact record
@@ -58,3 +58,42 @@ $$;
 COMMENT ON FUNCTION dedup.position(pg_catalog.text, pg_catalog.int4) IS
 'The stored mark of (stream, partition), NULL when none: where a consumer of the partition seeks on start.';
 REVOKE ALL ON FUNCTION dedup._check_offset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;
+
+-- try_claim_many with payload fingerprints, one per job id (NULL: none): a job claimed
+-- before with another fingerprint raises YD001, as try_claim(job_id, scope, fingerprint)
+-- does. Plain SQL over the library's dedup._try_claim_many_fp.
+CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.text[], scope pg_catalog.text, fingerprints pg_catalog.text[])
+RETURNS SETOF pg_catalog.text
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT r.job_id FROM dedup._try_claim_many_fp(job_ids, scope, fingerprints) AS r
+     WHERE CASE WHEN r.mismatch
+                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
+                ELSE true END
+$$;
+CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.int8[], scope pg_catalog.text, fingerprints pg_catalog.text[])
+RETURNS SETOF pg_catalog.int8
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT r.job_id::pg_catalog.int8
+      FROM dedup._try_claim_many_fp(job_ids::pg_catalog.text[], scope, fingerprints) AS r
+     WHERE CASE WHEN r.mismatch
+                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
+                ELSE true END
+$$;
+CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.uuid[], scope pg_catalog.text, fingerprints pg_catalog.text[])
+RETURNS SETOF pg_catalog.uuid
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT r.job_id::pg_catalog.uuid
+      FROM dedup._try_claim_many_fp(job_ids::pg_catalog.text[], scope, fingerprints) AS r
+     WHERE CASE WHEN r.mismatch
+                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
+                ELSE true END
+$$;
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text, pg_catalog.text[]) IS
+'dedup.try_claim_many with a payload fingerprint per job id (NULL: none): a job claimed before with another fingerprint raises YD001.';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.int8[], pg_catalog.text, pg_catalog.text[]) IS
+'dedup.try_claim_many with fingerprints, for bigint job ids.';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.uuid[], pg_catalog.text, pg_catalog.text[]) IS
+'dedup.try_claim_many with fingerprints, for uuid job ids.';

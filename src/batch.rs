@@ -17,29 +17,44 @@ const FUNC: &str = "dedup.try_claim_many";
 /// holding its key until the commit; larger batches belong in several calls.
 pub const MAX_BATCH: usize = 10_000;
 
-/// Claim the checked, canonical keys of `ids` (index in the input, key) in `scope`; the
-/// indices of the jobs this call claimed, in input order (an id repeated in the array is
-/// claimed once, at its first position).
-fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
+/// Claim the checked, canonical keys of `ids` (index in the input, key) in `scope`, each
+/// with its fingerprint if `fingerprints` (parallel to the input) has one; the indices of
+/// the jobs this call claimed and of those claimed before with another fingerprint, in
+/// input order (an id repeated in the array is claimed once, at its first position; a
+/// repetition with another fingerprint is a mismatch).
+fn claim_many(
+    ids: &[(usize, String)],
+    scope: Option<&str>,
+    fingerprints: Option<&[Option<String>]>,
+) -> (Vec<usize>, Vec<usize>) {
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC, "scope"));
     claim::check_scope(FUNC, scope);
     if ids.is_empty() {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
     claim::check_transaction(FUNC);
     let route = claim::claim_route(FUNC);
     crate::stats::count(scope, crate::stats::Event::Batch);
+    let fp = |i: usize| fingerprints.and_then(|f| f[i].as_deref());
     // Canonical order, each key once (the first position it appears at).
     let mut keys: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut mismatched = Vec::new();
     for (i, k) in ids {
-        keys.entry(k.as_str()).or_insert(*i);
+        let first = *keys.entry(k.as_str()).or_insert(*i);
+        if let (Some(a), Some(b)) = (fp(first), fp(*i)) {
+            if a != b {
+                mismatched.push(*i);
+            }
+        }
     }
     let keys: Vec<(&str, usize)> = keys.into_iter().collect();
     let mut claimed = Vec::new();
     if route == citus::Route::Citus {
         for &(key, i) in &keys {
-            if claim::claim_checked(FUNC, scope, key, None, route) == claim::Outcome::Claimed {
-                claimed.push(i);
+            match claim::claim_checked(FUNC, scope, key, fp(i), route) {
+                claim::Outcome::Claimed => claimed.push(i),
+                claim::Outcome::FingerprintMismatch => mismatched.push(i),
+                _ => {}
             }
         }
     } else {
@@ -48,7 +63,7 @@ fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
         // table is open).
         let mut previous = crate::stats::clock_if_counting();
         let mut outcomes = Vec::with_capacity(keys.len());
-        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, _)| (k, None)).collect();
+        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, i)| (k, fp(i))).collect();
         // SAFETY: insert_claims' contract (that of insert_claim): in a transaction that
         // may write (check_transaction refused a standby, a read-only transaction and
         // parallel mode), on the backend's main thread, under the pgrx guard of the
@@ -63,14 +78,17 @@ fn claim_many(ids: &[(usize, String)], scope: Option<&str>) -> Vec<usize> {
             });
         }
         for ((outcome, started, ended), &(_, i)) in outcomes.into_iter().zip(&keys) {
-            if outcome == claim::Outcome::Claimed {
-                claimed.push(i);
+            match outcome {
+                claim::Outcome::Claimed => claimed.push(i),
+                claim::Outcome::FingerprintMismatch => mismatched.push(i),
+                _ => {}
             }
             claim::count_at(scope, &outcome, started, ended);
         }
     }
     claimed.sort_unstable();
-    claimed
+    mismatched.sort_unstable();
+    (claimed, mismatched)
 }
 
 /// Check an array's elements as job ids: not NULL (22004), not empty (22023), at most
@@ -115,7 +133,7 @@ fn try_claim_many_text(
 ) -> SetOfIterator<'static, String> {
     let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
     let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |s: &&str| s.to_string());
-    let claimed = claim_many(&keys, scope);
+    let (claimed, _) = claim_many(&keys, scope, None);
     SetOfIterator::new(
         claimed
             .into_iter()
@@ -132,7 +150,7 @@ fn try_claim_many_bigint(
 ) -> SetOfIterator<'static, i64> {
     let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
     let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |n: &i64| n.to_string());
-    let claimed = claim_many(&keys, scope);
+    let (claimed, _) = claim_many(&keys, scope, None);
     SetOfIterator::new(claimed.into_iter().map(|i| values[i]).collect::<Vec<_>>())
 }
 
@@ -146,8 +164,54 @@ fn try_claim_many_uuid(
     let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |u: &pgrx::Uuid| {
         u.to_string()
     });
-    let claimed = claim_many(&keys, scope);
+    let (claimed, _) = claim_many(&keys, scope, None);
     SetOfIterator::new(claimed.into_iter().map(|i| values[i]).collect::<Vec<_>>())
+}
+
+/// `dedup._try_claim_many_fp(job_ids, scope, fingerprints)`: the batch behind
+/// `dedup.try_claim_many(job_ids, scope, fingerprints)`, each job with the fingerprint at
+/// its position (NULL: none). The ids claimed, and the ids claimed before with another
+/// fingerprint (`mismatch`, for which the SQL wrapper raises YD001), in array order.
+#[pg_extern(name = "_try_claim_many_fp", volatile, parallel_unsafe)]
+pub(crate) fn try_claim_many_fingerprint(
+    job_ids: Option<Array<&str>>,
+    scope: Option<&str>,
+    fingerprints: Option<Array<&str>>,
+) -> TableIterator<'static, (name!(job_id, String), name!(mismatch, bool))> {
+    let job_ids = job_ids.unwrap_or_else(|| error::null_argument(FUNC, "job_ids"));
+    let fingerprints = fingerprints.unwrap_or_else(|| error::null_argument(FUNC, "fingerprints"));
+    if fingerprints.len() != job_ids.len() {
+        error::lengths_differ(FUNC, job_ids.len(), fingerprints.len());
+    }
+    let (values, keys) = checked_keys(job_ids.len(), job_ids.iter(), |s: &&str| s.to_string());
+    let fps: Vec<Option<String>> = fingerprints
+        .iter()
+        .enumerate()
+        .map(|(i, fp)| {
+            fp.map(|fp| {
+                let arg = format!("fingerprints[{}]", i + 1);
+                if fp.is_empty() {
+                    error::empty_argument(FUNC, &arg);
+                }
+                if fp.len() > error::MAX_FINGERPRINT_BYTES {
+                    error::too_long(FUNC, &arg, fp.len(), error::MAX_FINGERPRINT_BYTES);
+                }
+                fp.to_string()
+            })
+        })
+        .collect();
+    let (claimed, mismatched) = claim_many(&keys, scope, Some(&fps));
+    let mut rows: Vec<(usize, bool)> = claimed
+        .into_iter()
+        .map(|i| (i, false))
+        .chain(mismatched.into_iter().map(|i| (i, true)))
+        .collect();
+    rows.sort_unstable();
+    TableIterator::new(
+        rows.into_iter()
+            .map(move |(i, m)| (values[i].to_string(), m))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// `dedup._check_offset(func, stream, partition, position)`: the checks of

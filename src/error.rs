@@ -255,3 +255,12 @@ pub fn offsets_on_worker(func: &str) -> ! {
          which may be distributed tables).",
     )
 }
+
+/// Parallel arrays of different lengths.
+pub fn lengths_differ(func: &str, ids: usize, fingerprints: usize) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{func}: fingerprints has {fingerprints} elements, job_ids {ids}"),
+        "Pass one fingerprint per job id, in the same order (NULL for a job without one).",
+    )
+}

@@ -58,7 +58,11 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/offsets.sql",
     name = "offsets",
-    requires = ["operations", batch::check_offset]
+    requires = [
+        "operations",
+        batch::check_offset,
+        batch::try_claim_many_fingerprint
+    ]
 );
 
 /// Called once per backend when the library is loaded (at the first call of one of

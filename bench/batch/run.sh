@@ -10,10 +10,12 @@ bindir=$DEDUP_PG_BINDIR
 OUT=${OUT:-/dev/null}
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 psql -f "$here/../schema.sql"
+psql -c "CREATE TABLE my_processed_text (scope text COLLATE \"C\" NOT NULL, job_id text COLLATE \"C\" NOT NULL,
+             processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job_id, scope))"
 psql -c "ALTER DATABASE $PGDATABASE SET dedup.warn_outside_transaction = off"
 echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores: batches of 100" | tee -a "$OUT"
-SCRIPTS=$here TRUNCATE="effects, my_processed, dedup.processed, dedup.offsets" \
-    bash "$here/../mixed.sh" b_handwritten_unnest a_try_claim_100 c_try_claim_many d_advance
+SCRIPTS=$here TRUNCATE="effects, my_processed, my_processed_text, dedup.processed, dedup.offsets" \
+    bash "$here/../mixed.sh" b_handwritten_unnest b2_handwritten_text a_try_claim_100 c_try_claim_many d_advance
 echo "# batches: what is kept after 1,000,000 messages (10,000 batches of 100)" | tee -a "$OUT"
 psql -c "TRUNCATE my_processed, dedup.processed, dedup.offsets"
 psql -c "DO \$\$ BEGIN FOR i IN 0..9999 LOOP

@@ -118,6 +118,55 @@ pub async fn try_claim_many_claims_each_job_once(ctx: Ctx) -> Result<()> {
             }
         }
     }
+    // Fingerprints: one per id (NULL: none); another fingerprint for a job claimed before,
+    // or for a repeated id, is YD001; arrays of different lengths are 22023.
+    c.batch_execute("BEGIN").await?;
+    let got = claimed(
+        &c,
+        "SELECT dedup.try_claim_many(ARRAY['f1', 'f2', 'f3'], 'fp', ARRAY['a', 'b', NULL])",
+    )
+    .await?;
+    ensure_eq(
+        got,
+        vec!["f1".into(), "f2".into(), "f3".into()],
+        "batch with fingerprints",
+    )?;
+    c.batch_execute("COMMIT").await?;
+    let same = claimed(
+        &c,
+        "SELECT dedup.try_claim_many(ARRAY['f1', 'f3'], 'fp', ARRAY['a', 'z'])",
+    )
+    .await?;
+    ensure_eq(
+        same.len(),
+        0,
+        "the same fingerprints (and one where none was stored)",
+    )?;
+    for (sql, state) in [
+        (
+            "SELECT dedup.try_claim_many(ARRAY['f1', 'f2'], 'fp', ARRAY['a', 'other'])",
+            "YD001",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY['n1', 'n1'], 'fp', ARRAY['a', 'b'])",
+            "YD001",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY[7, 8]::bigint[], 'fp', ARRAY['a'])",
+            "22023",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY['x'], 'fp', ARRAY[''])",
+            "22023",
+        ),
+        (
+            "SELECT dedup.try_claim_many(ARRAY['x'], 'fp', NULL::text[])",
+            "22004",
+        ),
+    ] {
+        let got = expect_sqlstate(c.query(sql, &[]).await, sql)?;
+        ensure_eq(got.as_str(), state, sql)?;
+    }
     // Outside a transaction block: one WARNING per call, as try_claim.
     c.take_notices();
     c.batch_execute("SELECT dedup.try_claim_many(ARRAY['w1', 'w2', 'w3'])")
