@@ -21,7 +21,9 @@ SELECT pg_catalog.pg_extension_config_dump('dedup.offsets', '');
 -- true: position is above the partition's mark, which is raised to it in the caller's
 -- transaction (committed or rolled back with the effects); false: at or below it (a
 -- redelivery or a rewind). A concurrent advance of the same partition waits for the other
--- transaction, then compares with what it committed.
+-- transaction, then (READ COMMITTED) compares with what it committed; at REPEATABLE READ
+-- or SERIALIZABLE that is a serialization failure (40001), as for any ON CONFLICT DO
+-- UPDATE of a row updated since the snapshot.
 CREATE FUNCTION dedup.advance(stream pg_catalog.text, partition pg_catalog.int4, "position" pg_catalog.int8)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
@@ -44,6 +46,40 @@ $$;
 COMMENT ON FUNCTION dedup.advance(pg_catalog.text, pg_catalog.int4, pg_catalog.int8) IS
 'true when position is above the stored mark of (stream, partition), which it raises in the caller''s transaction; false for a position at or below it (a redelivery or a rewind).';
 
+-- A batch from first_position to last_position: true when the stored mark is below
+-- first_position (none of the batch is done), and then raised to last_position; false when
+-- any of the batch is at or below the mark (another consumer, during a rebalance, did it
+-- or part of it: read again from dedup.position). The three-argument form cannot tell a
+-- batch that is partly done from one that is not.
+CREATE FUNCTION dedup.advance(stream pg_catalog.text, partition pg_catalog.int4,
+                              first_position pg_catalog.int8, last_position pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    raised boolean;
+BEGIN
+    PERFORM dedup._check_offset('dedup.advance', $1, $2, $3);
+    PERFORM dedup._check_offset('dedup.advance', $1, $2, $4);
+    IF $3 > $4 THEN
+        PERFORM dedup._raise('22023',
+            pg_catalog.format('dedup.advance: first_position %s is after last_position %s', $3, $4),
+            'Pass the positions of the batch''s first and last entries.');
+    END IF;
+    INSERT INTO dedup.offsets AS o (stream, partition, "position", advanced_at)
+    VALUES ($1, $2, $4, now())
+    ON CONFLICT ON CONSTRAINT offsets_pkey DO UPDATE
+        SET "position" = excluded."position", advanced_at = excluded.advanced_at
+        WHERE o."position" < $3;
+    raised := FOUND;
+    PERFORM dedup._count($1, CASE WHEN raised THEN 'advance' ELSE 'stale' END);
+    RETURN raised;
+END
+$$;
+COMMENT ON FUNCTION dedup.advance(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int8) IS
+'For a batch of entries first_position..last_position: true when the stored mark is below first_position (none of it done), raising it to last_position in the caller''s transaction; false when any of it is at or below the mark.';
+
 -- The stored mark (NULL when none): where a consumer seeks on start.
 CREATE FUNCTION dedup.position(stream pg_catalog.text, partition pg_catalog.int4)
 RETURNS pg_catalog.int8
@@ -61,35 +97,44 @@ REVOKE ALL ON FUNCTION dedup._check_offset(pg_catalog.text, pg_catalog.text, pg_
 
 -- try_claim_many with payload fingerprints, one per job id (NULL: none): a job claimed
 -- before with another fingerprint raises YD001, as try_claim(job_id, scope, fingerprint)
--- does. Plain SQL over the library's dedup._try_claim_many_fp.
+-- does. PL/pgSQL over the library's dedup._try_claim_many_fp, reading all of its rows
+-- first: the error comes before any row, however the caller reads them.
+CREATE FUNCTION dedup._claimed_or_mismatch(job_ids pg_catalog.text[], scope pg_catalog.text, fingerprints pg_catalog.text[])
+RETURNS pg_catalog.text[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    claimed    text[];
+    mismatched text;
+BEGIN
+    SELECT array_agg(r.job_id ORDER BY r.n) FILTER (WHERE NOT r.mismatch),
+           (array_agg(r.job_id ORDER BY r.n) FILTER (WHERE r.mismatch))[1]
+      INTO claimed, mismatched
+      FROM dedup._try_claim_many_fp(job_ids, scope, fingerprints) WITH ORDINALITY AS r(job_id, mismatch, n);
+    IF mismatched IS NOT NULL THEN
+        PERFORM dedup._fingerprint_mismatch('dedup.try_claim_many', mismatched, scope);
+    END IF;
+    RETURN coalesce(claimed, '{}');
+END
+$$;
 CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.text[], scope pg_catalog.text, fingerprints pg_catalog.text[])
 RETURNS SETOF pg_catalog.text
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-    SELECT r.job_id FROM dedup._try_claim_many_fp(job_ids, scope, fingerprints) AS r
-     WHERE CASE WHEN r.mismatch
-                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
-                ELSE true END
+    SELECT pg_catalog.unnest(dedup._claimed_or_mismatch(job_ids, scope, fingerprints))
 $$;
 CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.int8[], scope pg_catalog.text, fingerprints pg_catalog.text[])
 RETURNS SETOF pg_catalog.int8
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-    SELECT r.job_id::pg_catalog.int8
-      FROM dedup._try_claim_many_fp(job_ids::pg_catalog.text[], scope, fingerprints) AS r
-     WHERE CASE WHEN r.mismatch
-                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
-                ELSE true END
+    SELECT pg_catalog.unnest(dedup._claimed_or_mismatch(job_ids::pg_catalog.text[], scope, fingerprints))::pg_catalog.int8
 $$;
 CREATE FUNCTION dedup.try_claim_many(job_ids pg_catalog.uuid[], scope pg_catalog.text, fingerprints pg_catalog.text[])
 RETURNS SETOF pg_catalog.uuid
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 AS $$
-    SELECT r.job_id::pg_catalog.uuid
-      FROM dedup._try_claim_many_fp(job_ids::pg_catalog.text[], scope, fingerprints) AS r
-     WHERE CASE WHEN r.mismatch
-                THEN dedup._fingerprint_mismatch('dedup.try_claim_many', r.job_id, scope)
-                ELSE true END
+    SELECT pg_catalog.unnest(dedup._claimed_or_mismatch(job_ids::pg_catalog.text[], scope, fingerprints))::pg_catalog.uuid
 $$;
 COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text, pg_catalog.text[]) IS
 'dedup.try_claim_many with a payload fingerprint per job id (NULL: none): a job claimed before with another fingerprint raises YD001.';

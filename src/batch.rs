@@ -39,19 +39,24 @@ fn claim_many(
     // Canonical order, each key once (the first position it appears at).
     let mut keys: BTreeMap<&str, usize> = BTreeMap::new();
     let mut mismatched = Vec::new();
+    // For each key, the position it is claimed at (its first) and the fingerprint it is
+    // claimed with (its first that is not NULL); a repetition with another one is a mismatch.
+    let mut first_fp: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, k) in ids {
-        let first = *keys.entry(k.as_str()).or_insert(*i);
-        if let (Some(a), Some(b)) = (fp(first), fp(*i)) {
-            if a != b {
+        keys.entry(k.as_str()).or_insert(*i);
+        if fp(*i).is_some() {
+            let with = *first_fp.entry(k.as_str()).or_insert(*i);
+            if fp(with) != fp(*i) {
                 mismatched.push(*i);
             }
         }
     }
+    let fp_of = |key: &str| first_fp.get(key).and_then(|&i| fp(i));
     let keys: Vec<(&str, usize)> = keys.into_iter().collect();
     let mut claimed = Vec::new();
     if route == citus::Route::Citus {
         for &(key, i) in &keys {
-            match claim::claim_checked(FUNC, scope, key, fp(i), route) {
+            match claim::claim_checked(FUNC, scope, key, fp_of(key), route) {
                 claim::Outcome::Claimed => claimed.push(i),
                 claim::Outcome::FingerprintMismatch => mismatched.push(i),
                 _ => {}
@@ -63,13 +68,13 @@ fn claim_many(
         // table is open).
         let mut previous = crate::stats::clock_if_counting();
         let mut outcomes = Vec::with_capacity(keys.len());
-        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, i)| (k, fp(i))).collect();
+        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, _)| (k, fp_of(k))).collect();
         // SAFETY: insert_claims' contract (that of insert_claim): in a transaction that
         // may write (check_transaction refused a standby, a read-only transaction and
         // parallel mode), on the backend's main thread, under the pgrx guard of the
         // #[pg_extern] try_claim_many that called us.
         unsafe {
-            claim::insert_claims(scope, &pairs, |_, outcome| {
+            claim::insert_claims(FUNC, scope, &pairs, |_, outcome| {
                 // A key's claim began when the one before it ended: the wait of a busy key
                 // is its own.
                 let now = crate::stats::clock_if_counting();
@@ -170,8 +175,10 @@ fn try_claim_many_uuid(
 
 /// `dedup._try_claim_many_fp(job_ids, scope, fingerprints)`: the batch behind
 /// `dedup.try_claim_many(job_ids, scope, fingerprints)`, each job with the fingerprint at
-/// its position (NULL: none). The ids claimed, and the ids claimed before with another
-/// fingerprint (`mismatch`, for which the SQL wrapper raises YD001), in array order.
+/// its position (NULL: none). The ids claimed, and the ids claimed before (or repeated in
+/// the array) with another fingerprint (`mismatch`), in array order. The PL/pgSQL wrapper
+/// raises YD001 for a mismatch before it returns any row (pgrx cannot raise dedup's own
+/// SQLSTATEs: it would make them XX000).
 #[pg_extern(name = "_try_claim_many_fp", volatile, parallel_unsafe)]
 pub(crate) fn try_claim_many_fingerprint(
     job_ids: Option<Array<&str>>,

@@ -196,9 +196,12 @@ pub(crate) fn on_worker() -> bool {
         )?
         .first()
         .get_one::<bool>()
+        .or_else(|e| match e {
+            pgrx::spi::SpiError::InvalidPosition => Ok(None),
+            e => Err(e),
+        })
     })
-    .ok()
-    .flatten()
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading Citus's pg_dist_local_group failed: {e}"))
     .unwrap_or(false)
 }
 

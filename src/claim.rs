@@ -268,7 +268,7 @@ pub(crate) fn count_at(scope: &str, outcome: &Outcome, started: i64, ended: i64)
 /// state's memory with the caller's memory context it is a child of.
 unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
     let mut outcome = Outcome::Claimed;
-    insert_claims(scope, &[(job_id, fingerprint)], |_, o| outcome = o);
+    insert_claims(FUNC, scope, &[(job_id, fingerprint)], |_, o| outcome = o);
     outcome
 }
 
@@ -281,6 +281,7 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
 ///
 /// As for [`insert_claim`].
 pub(crate) unsafe fn insert_claims(
+    func: &str,
     scope: &str,
     keys: &[(&str, Option<&str>)],
     mut each: impl FnMut(usize, Outcome),
@@ -291,7 +292,7 @@ pub(crate) unsafe fn insert_claims(
     let rel = open_processed();
     let layout = check_layout(rel);
     if keys.iter().any(|(_, fp)| fp.is_some()) && layout == Layout::Claims {
-        error::needs_update(FUNC, "a payload fingerprint", "0.3.0");
+        error::needs_update(func, "a payload fingerprint", "0.3.0");
     }
 
     // SAFETY: CreateExecutorState makes the "ExecutorState" context es_query_cxt as a child
@@ -375,7 +376,7 @@ pub(crate) unsafe fn insert_claims(
             let mut conflict_tid = pg_sys::ItemPointerData::default();
             if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
                 // A committed (or our own) claim exists.
-                break inspect_conflict(rel, layout, &mut conflict_tid, fingerprint);
+                break inspect_conflict(func, rel, layout, &mut conflict_tid, fingerprint);
             }
             let xid = pg_sys::GetCurrentTransactionId();
             let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
@@ -434,6 +435,7 @@ pub(crate) unsafe fn insert_claims(
 /// of the #[pg_extern] caller, which re-raises this function's ERRORs (the Rust panics of
 /// pgrx::error! and error::*, and those caught at the pg_sys calls).
 unsafe fn inspect_conflict(
+    func: &str,
     rel: pg_sys::Relation,
     layout: Layout,
     tid: &mut pg_sys::ItemPointerData,
@@ -476,7 +478,7 @@ unsafe fn inspect_conflict(
         // Our own claim from an earlier command of this transaction is not a conflict.
         if !pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
             if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
-                error::serialization_failure(FUNC);
+                error::serialization_failure(func);
             }
             in_flight = true;
         }
@@ -501,7 +503,7 @@ unsafe fn inspect_conflict(
     // for the comparison, before ExecDropSingleTupleTableSlot releases the pin.
     pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut isnull);
     if !isnull {
-        error::leased(FUNC);
+        error::leased(func);
     }
     let stored = pg_sys::slot_getattr(slot, FINGERPRINT, &mut isnull);
     let outcome = match fingerprint {

@@ -227,8 +227,9 @@ pub fn batch_too_large(func: &str, len: usize, max: usize) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
         format!("{func}: {len} job ids in one call, more than the limit of {max}"),
-        "Claim the batch in several calls of at most that many ids (in the same transaction if \
-         their effects are one); every claim holds its key until the transaction ends.",
+        "Claim the batch in several calls of at most that many ids, each call's ids taken in \
+         order from the whole batch sorted by their bytes (then two transactions splitting \
+         overlapping batches still claim in one order and cannot deadlock each other).",
     )
 }
 

@@ -15,10 +15,13 @@
 //! [`entry_id`]; it holds while `seq < 2^20` (a million entries in one millisecond of one
 //! stream) and `ms < 2^43` (until the year 2248).
 //!
-//! **Who reads a partition.** A consumer owns a partition while it holds the session
-//! advisory lock (`EXPERIMENT_LOCK`, partition) on a connection of its own: a consumer that
-//! dies loses its connections, and with them its locks, so another one takes its
-//! partitions over (it tries every [`TAKE_OVER_EVERY`]). At the start each consumer takes
+//! **Who reads a partition.** A task reads a partition while it holds the session advisory
+//! lock (`EXPERIMENT_LOCK`, partition) on the connection it works on: a consumer that dies
+//! loses its connections, and with them its locks and its open transactions together, so
+//! another one takes its partitions over (it looks every [`TAKE_OVER_EVERY`]) and reads them
+//! from their marks. Each batch is advanced with its first and last positions
+//! (`dedup.advance(stream, partition, first, last)`): a batch of which any entry is done
+//! already does nothing. At the start each consumer takes
 //! its share (partition `p` goes to consumer `p % consumers`); a task per partition it
 //! holds reads that partition in order.
 use super::consumer::{ConsumerArgs, Stats};
@@ -153,14 +156,16 @@ async fn deliver(
     p: u32,
     batch: &[(i64, i64)],
 ) -> Result<bool> {
-    let Some(&(last, _)) = batch.last() else {
+    let (Some(&(first, _)), Some(&(last, _))) = (batch.first(), batch.last()) else {
         return Ok(false);
     };
     pg.batch_execute("BEGIN").await?;
+    // The batch's first and last positions: false if any of it is done already (by
+    // another consumer of the partition, during a take-over), not only all of it.
     let raised: bool = pg
         .query_one(
-            "SELECT dedup.advance($1, $2, $3)",
-            &[&db_stream(&args.scope), &(p as i32), &last],
+            "SELECT dedup.advance($1, $2, $3, $4)",
+            &[&db_stream(&args.scope), &(p as i32), &first, &last],
         )
         .await?
         .get(0);
@@ -217,18 +222,31 @@ async fn read_batch(
 
 use redis::AsyncCommands;
 
-/// Read partition `p` until asked to stop: each batch after the database's mark, delivered
-/// twice (the second delivery finds the mark raised and does nothing).
+/// Read partition `p` until asked to stop, if this task gets its lock: each batch after the
+/// database's mark, delivered twice (the second delivery finds the mark raised and does
+/// nothing). The lock is taken on the connection that does the work, so that the lock and
+/// the work end together (a consumer killed, a connection lost). Returns whether it held
+/// the partition.
 async fn read_partition(
     args: &ConsumerArgs,
     p: u32,
     mut r: MultiplexedConnection,
     counters: &Counters,
     stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<()> {
+) -> Result<bool> {
     let pg = crate::connect_when_up(&args.pg_dsn).await?;
     pg.batch_execute(&format!("SET application_name = '{}'", args.name))
         .await?;
+    let got: bool = pg
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, $2)",
+            &[&EXPERIMENT_LOCK, &(p as i32)],
+        )
+        .await?
+        .get(0);
+    if !got {
+        return Ok(false);
+    }
     while !*stop.borrow() {
         let batch = read_batch(&pg, &mut r, &args.scope, p).await?;
         if batch.is_empty() {
@@ -250,7 +268,7 @@ async fn read_partition(
             };
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The `consumer` subcommand for the `offsets` strategy: consumer `index` of `count`.
@@ -263,8 +281,8 @@ pub async fn main(args: ConsumerArgs, index: u32, count: u32) -> Result<()> {
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .context("connecting to Redis")?;
-    // The connection that holds the partitions' locks (each partition's task has its own
-    // for the work).
+    // The connection that probes the partitions' locks (each partition's task holds its
+    // partition's lock on its own connection, the one it works on).
     let locks = crate::connect_when_up(&args.pg_dsn).await?;
     locks
         .batch_execute(&format!("SET application_name = '{}'", args.name))
@@ -289,38 +307,53 @@ pub async fn main(args: ConsumerArgs, index: u32, count: u32) -> Result<()> {
     println!("ready");
 
     let started = Instant::now();
-    let mut owned: BTreeSet<u32> = BTreeSet::new();
+    // The partitions this consumer has a task for; a task that ends (its connection lost,
+    // an error) leaves the set, and the partition can be taken again.
+    let running: Arc<std::sync::Mutex<BTreeSet<u32>>> = Arc::default();
     let mut tasks = Vec::new();
     while !*stop.borrow() {
         // At first only this consumer's share; after a second, any partition nobody holds
         // (its consumer died).
         let share_only = started.elapsed() < Duration::from_secs(1);
         for p in 0..PARTITIONS {
-            if owned.contains(&p) || (share_only && p % count != index) {
+            if running.lock().unwrap().contains(&p) || (share_only && p % count != index) {
                 continue;
             }
-            let got: bool = locks
+            // A probe on this consumer's own connection, released at once: is the partition
+            // free? The task then takes the lock on its own connection (and may lose a race
+            // to another consumer, which is fine).
+            let free: bool = locks
                 .query_one(
-                    "SELECT pg_try_advisory_lock($1, $2)",
+                    "SELECT pg_try_advisory_lock($1, $2) AND pg_advisory_unlock($1, $2)",
                     &[&EXPERIMENT_LOCK, &(p as i32)],
                 )
                 .await?
                 .get(0);
-            if !got {
+            if !free {
                 continue;
             }
-            owned.insert(p);
-            if p % count != index {
-                counters.reclaimed.fetch_add(1, Ordering::Relaxed);
-            }
-            // One task per partition: a partition is processed in order, by one task.
-            let (args, counters, r, stop) =
-                (args.clone(), counters.clone(), r.clone(), stop.clone());
+            running.lock().unwrap().insert(p);
+            let (args, counters, r, stop, running) = (
+                args.clone(),
+                counters.clone(),
+                r.clone(),
+                stop.clone(),
+                running.clone(),
+            );
+            let taken_over = p % count != index;
             tasks.push(tokio::spawn(async move {
-                if let Err(e) = read_partition(&args, p, r, &counters, stop).await {
-                    eprintln!("{}: partition {p}: {e:#}", args.name);
-                    counters.errors.fetch_add(1, Ordering::Relaxed);
+                match read_partition(&args, p, r, &counters, stop).await {
+                    Ok(held) => {
+                        if held && taken_over {
+                            counters.reclaimed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("{}: partition {p}: {e:#}", args.name);
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
+                running.lock().unwrap().remove(&p);
             }));
         }
         tokio::time::sleep(TAKE_OVER_EVERY).await;

@@ -167,6 +167,29 @@ pub async fn try_claim_many_claims_each_job_once(ctx: Ctx) -> Result<()> {
         let got = expect_sqlstate(c.query(sql, &[]).await, sql)?;
         ensure_eq(got.as_str(), state, sql)?;
     }
+    // The mismatch is raised before any row is returned, however few the caller reads.
+    c.batch_execute("BEGIN; SELECT dedup.try_claim('g2', 'fp', 'z'); COMMIT")
+        .await?;
+    let limited = expect_sqlstate(
+        c.query(
+            "SELECT * FROM dedup.try_claim_many(ARRAY['g1', 'g2'], 'fp', ARRAY['a', 'b']) LIMIT 1",
+            &[],
+        )
+        .await,
+        "a mismatch behind LIMIT 1",
+    )?;
+    ensure_eq(limited.as_str(), "YD001", "a mismatch behind LIMIT 1")?;
+    // A repeated id is claimed with its first fingerprint that is not NULL.
+    c.batch_execute(
+        "BEGIN; SELECT dedup.try_claim_many(ARRAY['n2', 'n2'], 'fp', ARRAY[NULL, 'a']); COMMIT",
+    )
+    .await?;
+    let other = expect_sqlstate(
+        c.query("SELECT dedup.try_claim('n2', 'fp', 'b')", &[])
+            .await,
+        "n2 with another fingerprint",
+    )?;
+    ensure_eq(other.as_str(), "YD001", "n2 was claimed with fingerprint a")?;
     // Outside a transaction block: one WARNING per call, as try_claim.
     c.take_notices();
     c.batch_execute("SELECT dedup.try_claim_many(ARRAY['w1', 'w2', 'w3'])")
@@ -271,6 +294,35 @@ pub async fn advance_raises_each_partition_once(ctx: Ctx) -> Result<()> {
     }
     ensure_eq(pos(&c, 0).await?, Some(9), "mark of partition 0")?;
     ensure_eq(pos(&c, 1).await?, Some(0), "mark of partition 1")?;
+    // A batch: its first and last positions. False when any of it is done.
+    for (first, last, want) in [
+        (0i64, 9i64, true),
+        (5, 15, false),
+        (10, 15, true),
+        (16, 16, true),
+    ] {
+        c.batch_execute("BEGIN").await?;
+        let got: bool = c
+            .query_one(
+                "SELECT dedup.advance('orders', 5, $1, $2)",
+                &[&first, &last],
+            )
+            .await?
+            .get(0);
+        c.batch_execute("COMMIT").await?;
+        ensure_eq(got, want, &format!("advance(orders, 5, {first}, {last})"))?;
+    }
+    ensure_eq(pos(&c, 5).await?, Some(16), "mark of partition 5")?;
+    let backwards = expect_sqlstate(
+        c.query("SELECT dedup.advance('orders', 5, 30, 20)", &[])
+            .await,
+        "first after last",
+    )?;
+    ensure_eq(
+        backwards.as_str(),
+        "22023",
+        "first_position after last_position",
+    )?;
     // Rolled back with the effects.
     c.batch_execute("BEGIN; SELECT dedup.advance('orders', 0, 20); ROLLBACK")
         .await?;
