@@ -22,95 +22,12 @@ AS $$
 $$;
 REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
--- The lease functions as in 0.5.0, plus a second form of their one statement for a claim
--- table Citus distributes: Citus accepts no volatile function in the WHERE of an ON
+-- complete and extend_lease as in 0.5.0, plus a second form of their one statement for a
+-- claim table Citus distributes: Citus accepts no volatile function in the WHERE of an ON
 -- CONFLICT or an UPDATE of a distributed table, so there the time is read into a variable
 -- just before the statement (a wait for a row lock then comes after it). On one server the
--- statements are exactly 0.5.0's.
-CREATE OR REPLACE FUNCTION dedup.lease(
-    job_id      pg_catalog.text,
-    scope       pg_catalog.text DEFAULT 'default',
-    duration    pg_catalog.interval DEFAULT NULL,
-    fingerprint pg_catalog.text DEFAULT NULL,
-    OUT status     pg_catalog.text,
-    OUT lease_id   pg_catalog.uuid,
-    OUT expires_at pg_catalog.timestamptz,
-    OUT result     pg_catalog.jsonb,
-    OUT claimed_at pg_catalog.timestamptz)
-RETURNS record
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    d     interval;
-    held  dedup.processed;
-    t     timestamptz;
-BEGIN
-    -- (loads the library, and with it the setting dedup.lease_duration)
-    PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
-    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
-    IF d <= interval '0' THEN
-        PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
-                             'Pass how long the external effect may take, e.g. ''30 seconds''.');
-    END IF;
-    IF d > dedup.retention(scope) THEN
-        PERFORM dedup._raise('22023',
-            format('dedup.lease: a lease of %s is longer than the retention of scope %L (%s)', d, scope,
-                   dedup.retention(scope)),
-            'A lease must end before its claim could be pruned: shorten the lease, extend it while '
-            'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
-    END IF;
-
-    -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
-    -- statement, so one caller wins. Otherwise the row stays locked until we commit.
-    IF dedup._distributed() THEN
-        t := clock_timestamp();
-        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
-        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-            SET processed_at = excluded.processed_at,
-                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-                lease_id = excluded.lease_id,
-                lease_expires_at = excluded.lease_expires_at
-            WHERE p.lease_expires_at < t
-              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
-    ELSE
-        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
-        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-            SET processed_at = excluded.processed_at,
-                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-                lease_id = excluded.lease_id,
-                lease_expires_at = excluded.lease_expires_at
-            WHERE p.lease_expires_at < clock_timestamp()
-              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
-    END IF;
-    IF FOUND THEN
-        status := 'acquired';
-        PERFORM dedup._count(scope, status);
-        RETURN;
-    END IF;
-
-    SELECT * INTO STRICT held FROM dedup.processed AS p
-     WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
-    IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
-        PERFORM dedup._count(scope, 'fingerprint_mismatch');
-        PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
-    END IF;
-    claimed_at := held.processed_at;
-    IF held.lease_expires_at IS NULL THEN
-        status := 'done';
-        result := held.result;
-    ELSE
-        status := 'busy';
-        expires_at := held.lease_expires_at;
-    END IF;
-    PERFORM dedup._count(scope, status);
-END
-$$;
-
+-- statements are exactly 0.5.0's. dedup.lease gets the same second form in
+-- sql/operations.sql, which also makes it pass the claim's time to dedup._count.
 CREATE OR REPLACE FUNCTION dedup.complete(
     job_id   pg_catalog.text,
     lease_id pg_catalog.uuid,

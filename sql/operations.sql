@@ -87,8 +87,10 @@ GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
 COMMENT ON FUNCTION dedup.cluster_stats() IS
 'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';
 
--- The lease function as in sql/citus.sql, passing the time of the claim a done or busy
--- call found, for the duplicate ages.
+-- dedup.lease as in 0.5.0, plus the second form of its statement for a claim table Citus
+-- distributes (the time read into a variable first, as complete and extend_lease do in
+-- sql/citus.sql), and passing the time of the claim a done or busy call found, for the
+-- duplicate ages.
 CREATE OR REPLACE FUNCTION dedup.lease(
     job_id      pg_catalog.text,
     scope       pg_catalog.text DEFAULT 'default',

@@ -129,6 +129,14 @@ impl Cutoffs {
         }
     }
 
+    /// The scopes' cutoffs as two parallel arrays, for a statement's parameters.
+    fn arrays(&self) -> (Vec<String>, Vec<TimestampWithTimeZone>) {
+        self.scopes
+            .iter()
+            .map(|(s, c)| (s.clone(), timestamp(*c)))
+            .unzip()
+    }
+
     fn of(&self, scope: &str) -> i64 {
         *self.scopes.get(scope).unwrap_or(&self.global)
     }
@@ -354,11 +362,7 @@ fn delete_expired(
             DatumWithOid::from(f64::from(guc::RETENTION.get())),
         ],
         Some(cutoffs) => {
-            let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
-                .scopes
-                .iter()
-                .map(|(s, c)| (s.clone(), timestamp(*c)))
-                .unzip();
+            let (scopes, limits) = cutoffs.arrays();
             vec![
                 DatumWithOid::from(tids),
                 DatumWithOid::from(timestamp(cutoffs.global)),
@@ -712,11 +716,7 @@ fn prune_forgotten(scope: Option<&str>) -> i64 {
         return 0;
     }
     let cutoffs = Cutoffs::load();
-    let (scopes, limits): (Vec<String>, Vec<TimestampWithTimeZone>) = cutoffs
-        .scopes
-        .iter()
-        .map(|(s, c)| (s.clone(), timestamp(*c)))
-        .unzip();
+    let (scopes, limits) = cutoffs.arrays();
     Spi::connect_mut(|c| {
         c.update(
             "DELETE FROM dedup.forgotten AS f \
