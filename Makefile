@@ -1,5 +1,5 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo demo-sessions test bench bench-citus setup package install
+.PHONY: demo demo-sessions test bench bench-citus setup package install portable
 
 demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
 	bash scripts/demo.sh $(ARGS)
@@ -21,6 +21,9 @@ setup:  ## only the setup: Debian packages, the PostgreSQL trees, cargo-pgrx 0.1
 
 package:  ## a Debian package and a tarball per major in target/packages (PG=17 for one)
 	PG="$(PG)" bash scripts/package.sh
+
+portable:  ## the portable edition (SQL and PL/pgSQL, no dedup.so) in target/portable: a pg_tle registration script and a plain script (docs/portable.md)
+	bash scripts/portable.sh
 
 install:  ## a release build installed into the server of PG_CONFIG (the only target that touches a server of yours)
 	bash scripts/install.sh $(PG_CONFIG)

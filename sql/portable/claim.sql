@@ -1,0 +1,137 @@
+-- dedup, portable edition: the claim path (src/claim.rs) and what leases share with it
+-- (src/lease.rs). Each function has the header of the native one it replaces;
+-- scripts/portable.py checks that.
+--
+-- Functions without SECURITY DEFINER run with the caller's search_path: their bodies name
+-- every function with its schema and write operators as OPERATOR(pg_catalog.x), or hand
+-- the work to a dedup._portable_* helper (sql/portable/helpers.sql), whose search_path is
+-- pinned.
+
+-- try_claim(job_id, scope): one job, in the caller's transaction. The claim is made by
+-- dedup._portable_claim as the owner of dedup.processed (see there).
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.text, scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT dedup._portable_claim('dedup.try_claim', job_id, scope, NULL)
+$$;
+
+-- The same job as its decimal text: try_claim(42) = try_claim('42').
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.int8, scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT dedup._portable_claim('dedup.try_claim', job_id::pg_catalog.text, scope, NULL)
+$$;
+
+-- The same job as the uuid's canonical text (lowercase, hyphenated), which is uuid_out's.
+CREATE FUNCTION dedup.try_claim(job_id pg_catalog.uuid, scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT dedup._portable_claim('dedup.try_claim', job_id::pg_catalog.text, scope, NULL)
+$$;
+
+-- The claim behind try_claim(job_id, scope, fingerprint): NULL for another fingerprint
+-- (the SQL wrapper of sql/leases.sql raises YD001).
+CREATE FUNCTION dedup._try_claim_fp(job_id pg_catalog.text, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    SELECT dedup._portable_claim('dedup.try_claim', job_id, scope, fingerprint)
+$$;
+
+-- The checks every lease function makes, with errors naming func. As loading the native
+-- library does, the first call gives dedup.lease_duration its default (30 s) for the
+-- session when nothing set it: the lease functions of sql/leases.sql read it with
+-- current_setting('dedup.lease_duration'), which fails for a setting nobody defined.
+CREATE FUNCTION dedup._check_claim(
+    func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+    PERFORM dedup._portable_check_text(func, 'job_id', job_id, 1024);
+    PERFORM dedup._portable_check_text(func, 'scope', scope, 128);
+    PERFORM dedup._portable_check_text(func, 'fingerprint', fingerprint, 256, true);
+    PERFORM dedup._portable_check_writable(func);
+    IF pg_catalog.current_setting('citus.version', true) IS NOT NULL THEN
+        IF dedup._portable_route() OPERATOR(pg_catalog.=) 'worker_local' THEN
+            PERFORM dedup._portable_error('worker_not_distributed', func);
+        END IF;
+    END IF;
+    -- NULL before anything set it; '' after a transaction that set it first rolled back.
+    IF COALESCE(pg_catalog.current_setting('dedup.lease_duration', true), '')
+        OPERATOR(pg_catalog.=) '' THEN
+        PERFORM pg_catalog.set_config('dedup.lease_duration', '30s', false);
+    END IF;
+END
+$$;
+
+-- Store the result of a job this transaction claimed with try_claim. "This transaction"
+-- is the row's xmin being one of this transaction's ids (a savepoint's too): the row is
+-- visible and pg_xact_status says 'in progress' only for this transaction's own ids.
+CREATE FUNCTION dedup.set_result(
+    job_id pg_catalog.text, result pg_catalog.jsonb, scope pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    f      constant text := 'dedup.set_result';
+    held   record;
+    top    xid8;
+    top32  bigint;
+    ahead  bigint;
+    status text;
+BEGIN
+    PERFORM dedup._check_claim(f, job_id, scope, NULL);
+    SELECT p.xmin::text::bigint AS xmin32, p.lease_expires_at IS NOT NULL AS leased INTO held
+      FROM dedup.processed AS p
+     WHERE p.job_id = set_result.job_id AND p.scope = set_result.scope;
+    IF NOT FOUND THEN
+        PERFORM dedup._portable_error('not_claimed_here', f);
+    END IF;
+    IF held.leased THEN
+        PERFORM dedup._portable_error('leased', f);
+    END IF;
+    -- This transaction's ids are its top-level id and the later ids of its savepoints: the
+    -- row's 32-bit xmin is at most 2^31 ahead of the top-level id, whose epoch gives the
+    -- full id. (Without a top-level id, this transaction has written nothing.)
+    top := pg_current_xact_id_if_assigned();
+    IF top IS NULL THEN
+        PERFORM dedup._portable_error('not_claimed_here', f);
+    END IF;
+    top32 := (top::text::numeric % 4294967296)::bigint;
+    ahead := ((held.xmin32 - top32) % 4294967296 + 4294967296) % 4294967296;
+    IF ahead >= 2147483648 THEN
+        PERFORM dedup._portable_error('not_claimed_here', f);
+    END IF;
+    BEGIN
+        -- An id of an old row that is not ours may lie outside what pg_xact_status answers
+        -- for ("in the future" of the wrapped counter): not ours either.
+        status := pg_xact_status((top::text::numeric + ahead)::text::xid8);
+    EXCEPTION WHEN OTHERS THEN
+        status := NULL;
+    END;
+    IF status IS DISTINCT FROM 'in progress' THEN
+        PERFORM dedup._portable_error('not_claimed_here', f);
+    END IF;
+    UPDATE dedup.processed AS p SET result = set_result.result
+     WHERE p.job_id = set_result.job_id AND p.scope = set_result.scope;
+END
+$$;
+
+-- The row behind dedup.claim_result, which calls it as the owner (SECURITY DEFINER).
+CREATE FUNCTION dedup._claim_result(job_id pg_catalog.text, scope pg_catalog.text)
+RETURNS TABLE (result pg_catalog.jsonb, claimed_at pg_catalog.timestamptz)
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
+AS $$
+BEGIN
+    RETURN QUERY
+        SELECT p.result, p.processed_at FROM dedup.processed AS p
+         WHERE p.job_id OPERATOR(pg_catalog.=) _claim_result.job_id
+           AND p.scope OPERATOR(pg_catalog.=) _claim_result.scope
+           AND p.lease_expires_at IS NULL;
+END
+$$;
