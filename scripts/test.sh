@@ -15,6 +15,8 @@
 #      tests in pg_test/tests/citus.rs: a coordinator and two workers, claims from every
 #      node, crashes, a shard move, the experiment with a consumer on each node
 #   5. the package of that major (scripts/package-test.sh)
+#   then, with 15 among the majors, the portable edition (scripts/portable-test.sh): the
+#   integration suite against the system's PostgreSQL 15 through pg_tle and the plain script
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 majors=$(pg_majors)
@@ -63,4 +65,11 @@ for major in $majors; do
     printf '[test] PostgreSQL %s done, %s s since the first major began\n' "$major" $(($(date +%s) - started)) >&2
 done
 
-step "all tests passed on PostgreSQL $(echo $majors)"
+# The portable edition (docs/portable.md), on the system's PostgreSQL 15 where no dedup.so
+# is installed (the package test above removes its own): through pg_tle and the plain script.
+if [[ " $(echo $majors) " == *" 15 "* ]]; then
+    step "the portable edition (pg_tle and the plain script) on the system's PostgreSQL 15"
+    bash scripts/portable-test.sh
+fi
+
+step "all tests passed on PostgreSQL $(echo $majors), and the portable edition"

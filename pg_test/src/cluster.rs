@@ -28,6 +28,34 @@ pub fn pg_config() -> PathBuf {
         })
 }
 
+/// Which dedup the tests run against (`DEDUP_EDITION`): the native extension (the default),
+/// or the portable edition (docs/portable.md) registered through pg_tle (`pgtle`) or
+/// created by its plain script (`plain`), from `DEDUP_PORTABLE_DIR` (default
+/// target/portable, what `make portable` writes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edition {
+    Native,
+    PgTle,
+    Plain,
+}
+
+pub fn edition() -> Edition {
+    match std::env::var("DEDUP_EDITION").as_deref() {
+        Ok("pgtle") => Edition::PgTle,
+        Ok("plain") => Edition::Plain,
+        Ok("native") | Ok("") | Err(_) => Edition::Native,
+        Ok(other) => panic!("DEDUP_EDITION={other}: native, pgtle or plain"),
+    }
+}
+
+/// A file of the portable edition (`dedup.pgtle.sql`, `dedup.plain.sql`).
+pub fn portable_file(name: &str) -> PathBuf {
+    std::env::var_os("DEDUP_PORTABLE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/portable"))
+        .join(name)
+}
+
 /// The server's binary directory, from pg_config.
 pub fn bindir() -> Result<PathBuf> {
     let out = Command::new(pg_config())
@@ -224,7 +252,21 @@ impl Cluster {
             self.dir.display()
         );
         for (k, v) in &opts.conf {
+            // pg_tle must be preloaded for the pgtle edition, whatever else a test loads.
+            let v = if k == "shared_preload_libraries" && edition() == Edition::PgTle {
+                format!("pg_tle,{v}")
+            } else {
+                v.clone()
+            };
             conf.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
+        }
+        if edition() == Edition::PgTle
+            && !opts
+                .conf
+                .iter()
+                .any(|(k, _)| k == "shared_preload_libraries")
+        {
+            conf.push_str("shared_preload_libraries = 'pg_tle'\n");
         }
         // Appending as root to a file owned by postgres is fine: ownership stays.
         let path = self.data.join("postgresql.conf");
@@ -332,11 +374,68 @@ impl Cluster {
         Ok(String::from_utf8(out.stdout)?.trim_end().to_string())
     }
 
-    /// A new database with the extension installed.
+    /// A new database with the extension installed (the edition of [`edition`]).
     pub fn create_db_with_extension(&self, dbname: &str) -> Result<()> {
         self.psql("postgres", &format!("CREATE DATABASE {dbname}"))?;
-        self.psql(dbname, "CREATE EXTENSION dedup")?;
+        self.install_dedup(dbname)
+    }
+
+    /// dedup in an existing database: `CREATE EXTENSION dedup`; for the pgtle edition after
+    /// `CREATE EXTENSION pg_tle` and the registration script; for the plain edition its
+    /// script instead.
+    pub fn install_dedup(&self, dbname: &str) -> Result<()> {
+        match edition() {
+            Edition::Native => {
+                self.psql(dbname, "CREATE EXTENSION dedup")?;
+            }
+            Edition::PgTle => {
+                self.psql(dbname, "CREATE EXTENSION IF NOT EXISTS pg_tle")?;
+                self.psql_file(dbname, &portable_file("dedup.pgtle.sql"))?;
+                self.psql(dbname, "CREATE EXTENSION dedup")?;
+            }
+            Edition::Plain => {
+                self.psql_file(dbname, &portable_file("dedup.plain.sql"))?;
+            }
+        }
         Ok(())
+    }
+
+    /// The SQL that installs dedup in `dbname`, to run in a session of one's own (e.g.
+    /// under a hostile search_path): `CREATE EXTENSION dedup` (for the pgtle edition once
+    /// pg_tle and the registration are in that database), or the plain script's text.
+    pub fn install_statement(&self, dbname: &str) -> Result<String> {
+        Ok(match edition() {
+            Edition::Native => "CREATE EXTENSION dedup;".to_string(),
+            Edition::PgTle => {
+                self.psql(dbname, "CREATE EXTENSION IF NOT EXISTS pg_tle")?;
+                self.psql_file(dbname, &portable_file("dedup.pgtle.sql"))?;
+                "CREATE EXTENSION dedup;".to_string()
+            }
+            Edition::Plain => std::fs::read_to_string(portable_file("dedup.plain.sql"))?,
+        })
+    }
+
+    /// Run a file of SQL with psql, stopping at the first error.
+    pub fn psql_file(&self, dbname: &str, file: &Path) -> Result<String> {
+        let out = run(Command::new(self.bindir.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+            ])
+            .args(["-U", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-d")
+            .arg(dbname)
+            .arg("-f")
+            .arg(file))
+        .with_context(|| format!("psql -f {}", file.display()))?;
+        Ok(String::from_utf8(out.stdout)?.trim_end().to_string())
     }
 }
 

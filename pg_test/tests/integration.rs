@@ -144,6 +144,88 @@ const TESTS: &[(&str, TestFn)] = tests![
     lifecycle::a_partitioned_claim_table_is_refused,
 ];
 
+/// Tests that cannot apply to the portable edition (`DEDUP_EDITION=pgtle` or `plain`), each
+/// with the reason it prints; docs/portable.md lists every one (docs::portable_differences).
+/// A name ending in `::` stands for its whole module.
+pub const NATIVE_ONLY: &[(&str, &str)] = &[
+    ("stats::counts_match_a_known_workload", COUNTERS),
+    ("stats::overflow_reset_and_privileges", COUNTERS),
+    ("stats::counters_survive_a_clean_restart", COUNTERS),
+    ("stats::exporter_query_runs", COUNTERS),
+    ("stats::invented_names_cannot_evict_other_counters", COUNTERS),
+    ("stats::a_torn_or_altered_counter_file_is_refused", COUNTERS),
+    ("stats::counters_of_a_dropped_database_are_forgotten", COUNTERS),
+    ("operations::duplicate_ages_late_copies_and_waits", COUNTERS),
+    ("operations::a_forgotten_job_claimed_again_is_a_claim", COUNTERS),
+    ("operations::a_counter_file_of_the_previous_format_is_read", COUNTERS),
+    ("operations::batches_and_advances_are_counted", COUNTERS),
+    ("worker::", WORKER),
+    ("security::worker_runs_no_code_a_database_owner_wrote", WORKER),
+    (
+        "errors::warning_outside_a_transaction_block",
+        "SQL cannot tell a transaction block from a one-statement transaction, so the portable try_claim never warns",
+    ),
+    (
+        "retention::a_retention_under_a_minute_warns",
+        "the warning when ALTER DATABASE or ALTER SYSTEM sets dedup.retention comes from the library's check of the setting; the portable edition warns in set_retention and prune only",
+    ),
+    (
+        "retention::retention_is_the_same_in_every_session",
+        "without the library, dedup.retention is a placeholder setting: a session may SET it for itself, and set_retention is the way to give a scope its retention",
+    ),
+    (
+        "lifecycle::altered_table_is_refused",
+        "the native library writes rows itself and refuses a claim table whose layout it does not know; the portable edition inserts by column name, so an added nullable column does not matter to it",
+    ),
+    (
+        "lifecycle::a_partitioned_claim_table_is_refused",
+        "a claim table replaced by hand gets PostgreSQL's own error (42704, no constraint processed_pkey), not dedup's 55000",
+    ),
+    (
+        "upgrade::",
+        "the upgrade test starts from the native 0.1.0; the portable edition starts at 0.6.0",
+    ),
+    (
+        "docs::readme_documents_every_function_and_setting",
+        "it reads the settings the native library registers (SHOW ALL with it preloaded)",
+    ),
+];
+const COUNTERS: &str = "dedup.stats counts in the shared memory of the native library (shared_preload_libraries = 'dedup'), which the portable edition has not";
+const WORKER: &str =
+    "the background worker is part of the native library; the portable edition prunes from pg_cron";
+/// Tests that need `CREATE EXTENSION dedup` itself: they run through pg_tle, not with the
+/// plain script (`DEDUP_EDITION=plain`).
+pub const EXTENSION_ONLY: &[(&str, &str)] = &[
+    (
+        "lifecycle::extension_recreated_under_a_live_session",
+        "it drops and creates the extension; the plain script creates no extension",
+    ),
+    (
+        "dump_restore::dump_and_restore_keep_every_claim",
+        "pg_dump of an extension dumps its configuration tables' rows only; without an extension every object is dumped (docs/portable.md: moving a plain install)",
+    ),
+];
+
+/// Why a test cannot apply to the edition under test (None: it runs).
+fn not_applicable(name: &str) -> Option<&'static str> {
+    let find = |list: &[(&'static str, &'static str)]| {
+        list.iter()
+            .find(|(n, _)| {
+                if n.ends_with("::") {
+                    name.starts_with(n)
+                } else {
+                    name == *n
+                }
+            })
+            .map(|(_, why)| *why)
+    };
+    match cluster::edition() {
+        cluster::Edition::Native => None,
+        cluster::Edition::PgTle => find(NATIVE_ONLY),
+        cluster::Edition::Plain => find(NATIVE_ONLY).or_else(|| find(EXTENSION_ONLY)),
+    }
+}
+
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
         .skip(1)
@@ -174,12 +256,19 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "running {} integration tests against PostgreSQL on port {}",
+        "running {} integration tests against PostgreSQL on port {} (dedup: {:?} edition)",
         selected.len(),
-        cluster.port
+        cluster.port,
+        cluster::edition()
     );
     let mut failed = Vec::new();
+    let mut not_run = 0;
     for (i, (name, test)) in selected.iter().enumerate() {
+        if let Some(why) = not_applicable(name) {
+            println!("test {name} ... does not apply to the portable edition: {why}");
+            not_run += 1;
+            continue;
+        }
         let db = format!("t{i}");
         let started = Instant::now();
         let result = cluster.create_db_with_extension(&db).and_then(|_| {
@@ -216,9 +305,10 @@ fn main() -> ExitCode {
     }
     drop(cluster);
     println!(
-        "\nintegration: {} passed, {} failed{}",
-        selected.len() - failed.len(),
+        "\nintegration: {} passed, {} failed, {} not applicable{}",
+        selected.len() - failed.len() - not_run,
         failed.len(),
+        not_run,
         if failed.is_empty() {
             String::new()
         } else {

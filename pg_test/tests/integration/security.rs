@@ -138,14 +138,16 @@ pub async fn create_extension_under_hostile_search_path(ctx: Ctx) -> Result<()> 
         .batch_execute(&format!("CREATE DATABASE {db}"))
         .await?;
     let c = dedup_pg_test::connect(&ctx.cluster.dsn(&db)).await?;
-    c.batch_execute(
+    // The portable edition: pg_tle's registration first, or the plain script itself.
+    let install = ctx.cluster.install_statement(&db)?;
+    c.batch_execute(&format!(
         "CREATE SCHEMA evil;
          CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$;
          CREATE TABLE evil.processed (x int);
          SET search_path = evil, public;
-         CREATE EXTENSION dedup;
-         RESET search_path;",
-    )
+         {install}
+         RESET search_path;"
+    ))
     .await?;
     let default_expr: String = c
         .query_one(

@@ -84,13 +84,15 @@ pub async fn one_version_everywhere(ctx: Ctx) -> Result<()> {
         "the newest CHANGELOG.md entry",
     )?;
     let c = ctx.connect().await?;
-    let installed: String = c
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
-            &[],
-        )
-        .await?
-        .get(0);
+    // The plain script of the portable edition records its version in the schema's comment
+    // ("dedup VERSION ...").
+    let installed_sql = match dedup_pg_test::cluster::edition() {
+        dedup_pg_test::cluster::Edition::Plain => {
+            "SELECT split_part(obj_description('dedup'::regnamespace, 'pg_namespace'), ' ', 2)"
+        }
+        _ => "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
+    };
+    let installed: String = c.query_one(installed_sql, &[]).await?.get(0);
     ensure_eq(installed, version, "the version the server installs")?;
     Ok(())
 }
