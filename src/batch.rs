@@ -9,7 +9,6 @@
 //! only keys that sort before it.
 use crate::{citus, claim, error};
 use pgrx::prelude::*;
-use std::collections::BTreeMap;
 
 const FUNC: &str = "dedup.try_claim_many";
 
@@ -36,27 +35,41 @@ fn claim_many(
     let route = claim::claim_route(FUNC);
     crate::stats::count(scope, crate::stats::Event::Batch);
     let fp = |i: usize| fingerprints.and_then(|f| f[i].as_deref());
-    // Canonical order, each key once (the first position it appears at).
-    let mut keys: BTreeMap<&str, usize> = BTreeMap::new();
+    // Canonical order (the keys' bytes), each key once, at the first position it appears at
+    // (a stable sort keeps equal keys in input order).
+    let mut keys: Vec<(&str, usize)> = ids.iter().map(|(i, k)| (k.as_str(), *i)).collect();
+    keys.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     let mut mismatched = Vec::new();
-    // For each key, the position it is claimed at (its first) and the fingerprint it is
-    // claimed with (its first that is not NULL); a repetition with another one is a mismatch.
-    let mut first_fp: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, k) in ids {
-        keys.entry(k.as_str()).or_insert(*i);
-        if fp(*i).is_some() {
-            let with = *first_fp.entry(k.as_str()).or_insert(*i);
-            if fp(with) != fp(*i) {
-                mismatched.push(*i);
+    // With fingerprints: each key is claimed with its first that is not NULL; a repetition
+    // with another one is a mismatch.
+    let mut first_fp: Vec<Option<&str>> = Vec::new();
+    if fingerprints.is_some() {
+        let mut run = 0;
+        while run < keys.len() {
+            let end = run
+                + keys[run..]
+                    .iter()
+                    .take_while(|k| k.0 == keys[run].0)
+                    .count();
+            let mut with = None;
+            for &(_, i) in &keys[run..end] {
+                match (with, fp(i)) {
+                    (_, None) => {}
+                    (None, Some(f)) => with = Some(f),
+                    (Some(w), Some(f)) if w != f => mismatched.push(i),
+                    _ => {}
+                }
             }
+            first_fp.push(with);
+            run = end;
         }
     }
-    let fp_of = |key: &str| first_fp.get(key).and_then(|&i| fp(i));
-    let keys: Vec<(&str, usize)> = keys.into_iter().collect();
+    keys.dedup_by(|a, b| a.0 == b.0);
+    let fp_of = |n: usize| first_fp.get(n).copied().flatten();
     let mut claimed = Vec::new();
     if route == citus::Route::Citus {
-        for &(key, i) in &keys {
-            match claim::claim_checked(FUNC, scope, key, fp_of(key), route) {
+        for (n, &(key, i)) in keys.iter().enumerate() {
+            match claim::claim_checked(FUNC, scope, key, fp_of(n), route) {
                 claim::Outcome::Claimed => claimed.push(i),
                 claim::Outcome::FingerprintMismatch => mismatched.push(i),
                 _ => {}
@@ -68,13 +81,17 @@ fn claim_many(
         // table is open).
         let mut previous = crate::stats::clock_if_counting();
         let mut outcomes = Vec::with_capacity(keys.len());
-        let pairs: Vec<(&str, Option<&str>)> = keys.iter().map(|&(k, _)| (k, fp_of(k))).collect();
+        let pairs: Vec<(&str, Option<&str>)> = keys
+            .iter()
+            .enumerate()
+            .map(|(n, &(k, _))| (k, fp_of(n)))
+            .collect();
         // SAFETY: insert_claims' contract (that of insert_claim): in a transaction that
         // may write (check_transaction refused a standby, a read-only transaction and
         // parallel mode), on the backend's main thread, under the pgrx guard of the
         // #[pg_extern] try_claim_many that called us.
         unsafe {
-            claim::insert_claims(FUNC, scope, &pairs, |_, outcome| {
+            claim::insert_claims(FUNC, scope, &pairs, true, |_, outcome| {
                 // A key's claim began when the one before it ended: the wait of a busy key
                 // is its own.
                 let now = crate::stats::clock_if_counting();
@@ -84,11 +101,18 @@ fn claim_many(
         }
         for ((outcome, started, ended), &(_, i)) in outcomes.into_iter().zip(&keys) {
             match outcome {
-                claim::Outcome::Claimed => claimed.push(i),
+                // Counted together below.
+                claim::Outcome::Claimed => {
+                    claimed.push(i);
+                    continue;
+                }
                 claim::Outcome::FingerprintMismatch => mismatched.push(i),
                 _ => {}
             }
             claim::count_at(scope, &outcome, started, ended);
+        }
+        if !claimed.is_empty() {
+            crate::stats::count(scope, crate::stats::Event::Claims(claimed.len() as u64));
         }
     }
     claimed.sort_unstable();

@@ -42,6 +42,8 @@ pub const OVERFLOW_SCOPE: &str = "(overflow)";
 pub enum Event {
     /// The call took the job: `try_claim` returned true, `lease` acquired it.
     Claim,
+    /// `n` jobs of one `try_claim_many` call taken (counted once per batch, as n claims).
+    Claims(u64),
     /// The job was done already: `try_claim` returned false at once, `lease` said done.
     /// `claimed_at`: when the claim it hit was made (microseconds since 2000; 0 unknown).
     Duplicate { claimed_at: i64 },
@@ -468,8 +470,9 @@ pub fn count(scope: &str, event: Event) {
         // accepts), and a reference to the Entry would assert that nobody writes it.
         let field = |f: *const AtomicU64| &*f;
         match event {
-            Event::Claim => {
-                field(std::ptr::addr_of!((*entry).claims)).fetch_add(1, Ordering::Relaxed);
+            Event::Claim | Event::Claims(_) => {
+                let n = if let Event::Claims(n) = event { n } else { 1 };
+                field(std::ptr::addr_of!((*entry).claims)).fetch_add(n, Ordering::Relaxed);
                 advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
             }
             Event::Duplicate { claimed_at } | Event::Busy { claimed_at, .. } => {
@@ -538,8 +541,20 @@ pub fn clock_if_counting() -> i64 {
     if !available() || !guc::TRACK_STATS.get() {
         return 0;
     }
-    // SAFETY: GetCurrentTimestamp reads the clock (gettimeofday); no ERROR.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    // SAFETY: GetCurrentTimestamp reads the clock (gettimeofday) and does arithmetic: no
+    // allocation, no ERROR, so it is called without pgrx's guard (a claim of a batch reads
+    // it once per job).
+    unsafe { unguarded::GetCurrentTimestamp() }
+}
+
+mod unguarded {
+    use pgrx::pg_sys;
+    extern "C" {
+        /// The clock, microseconds since 2000.
+        // SAFETY: matches the prototype pgrx binds for PostgreSQL 13 to 18; gettimeofday
+        // and arithmetic only, no ereport.
+        pub fn GetCurrentTimestamp() -> pg_sys::TimestampTz;
+    }
 }
 
 /// Half the retention of each scope this backend counted a duplicate in, microseconds:
