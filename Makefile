@@ -22,7 +22,7 @@ setup:  ## only the setup: Debian packages, the PostgreSQL trees, cargo-pgrx 0.1
 package:  ## a Debian package and a tarball per major in target/packages (PG=17 for one)
 	PG="$(PG)" bash scripts/package.sh
 
-portable:  ## the portable edition (SQL and PL/pgSQL, no dedup.so) in target/portable: a pg_tle registration script and a plain script (docs/portable.md)
+portable:  ## the portable edition (SQL and PL/pgSQL, no dedup.so) in target/portable: a pg_tle registration script, a plain script and the switch to the native extension (docs/portable.md)
 	bash scripts/portable.sh
 
 install:  ## a release build installed into the server of PG_CONFIG (the only target that touches a server of yours)

@@ -13,7 +13,8 @@ bash scripts/portable.sh
 export DEDUP_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 export DEDUP_PG_BINDIR=/usr/lib/postgresql/15/bin
 export DEDUP_PORTABLE_DIR=${DEDUP_PORTABLE_DIR:-$ROOT/target/portable}
-if [ -e "$("$DEDUP_PG_CONFIG" --sharedir)/extension/dedup.control" ]; then
+control=$("$DEDUP_PG_CONFIG" --sharedir)/extension/dedup.control
+if [ -e "$control" ]; then
     echo "the system's PostgreSQL 15 has the native dedup installed: the portable edition is tested where it is not" >&2
     exit 1
 fi
@@ -21,3 +22,21 @@ for edition in pgtle plain; do
     step "the portable edition ($edition) against the system's PostgreSQL 15"
     DEDUP_EDITION=$edition cargo test -p dedup-pg-test --test integration
 done
+
+# The switch to the native extension installs the native files of this version into the
+# system's PostgreSQL 15 (the package of scripts/package.sh, which scripts/test.sh has built
+# and tested by now; built here if missing) and removes them after each case.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+deb=$ROOT/target/packages/postgresql-15-dedup_$version-1_amd64.deb
+if [ -z "${DEDUP_NATIVE_INSTALL:-}" ] && [ ! -f "$deb" ]; then
+    step "the package of PostgreSQL 15, for the switch to the native extension"
+    DEDUP_NO_SETUP=1 PG=15 bash scripts/package.sh --debug
+fi
+sudo=
+[ "$(id -u)" -eq 0 ] || sudo="sudo "
+export DEDUP_NATIVE_INSTALL=${DEDUP_NATIVE_INSTALL:-${sudo}dpkg -i $deb}
+export DEDUP_NATIVE_REMOVE=${DEDUP_NATIVE_REMOVE:-${sudo}dpkg -r postgresql-15-dedup}
+# Should the test be killed with the files installed, they go anyway (they were not there).
+trap '[ ! -e "$control" ] || sh -c "$DEDUP_NATIVE_REMOVE" >/dev/null' EXIT
+step "from the portable edition (pg_tle, plain script) to the native extension, every row kept"
+cargo test -p dedup-pg-test --test portable

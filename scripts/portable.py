@@ -17,7 +17,11 @@ Written to OUTDIR:
   dedup--VERSION.sql   the extension script of the portable edition;
   dedup.pgtle.sql      its registration with pg_tle (pgtle.install_extension);
   dedup.plain.sql      one DO statement that creates the same objects in the schema dedup
-                       without an extension: re-running it is a no-op with a NOTICE.
+                       without an extension: re-running it is a no-op with a NOTICE;
+  dedup.to-native.sql  one DO statement that moves a database from the portable edition
+                       (either install) to the native extension of VERSION, every row kept:
+                       it drops what dedup.plain.sql made by name (RESTRICT), so the build
+                       fails on a statement of the script whose objects it cannot name.
 
 --upgrade takes a native update script dedup--FROM--TO.sql (none exists yet for the
 portable edition): it gets the same replacements and becomes a pg_tle update path and a
@@ -922,6 +926,483 @@ DO {dollar_quote(body, "_dedup_plain_")};
 """
 
 
+# --- The switch to the native extension ----------------------------------------------
+
+
+@dataclass
+class PortableObjects:
+    """What the extension script creates, in the order it last (re)defines each object."""
+
+    tables: list[str]  # in the order of their CREATE TABLE
+    drops: list[str]  # DROP statements of every object, last defined first
+
+
+def _qualified(toks: list[Token], i: int, what: str) -> tuple[str, int]:
+    """The name of an object of the schema dedup at toks[i] (dedup.x or x); and the index after it."""
+    parts = [toks[i].value]
+    i += 1
+    while i < len(toks) and toks[i].kind == "op" and toks[i].text == ".":
+        parts.append(toks[i + 1].value)
+        i += 2
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != SCHEMA):
+        raise BuildError(f"{what}: {'.'.join(parts)} is not an object of the schema {SCHEMA}")
+    return parts[-1], i
+
+
+def quote_ident(name: str) -> str:
+    if re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+# Statements that create nothing that needs a DROP of its own (an index goes with its table).
+_NO_OBJECT = {"comment", "grant", "revoke", "select", "alter", "insert", "update", "delete"}
+
+
+def portable_objects(ext_sql: str, what: str) -> PortableObjects:
+    """The tables, views and functions the extension script leaves, read from its statements.
+    Any statement this cannot account for (a type, a sequence, a rename) stops the build: the
+    switch script's drop list must be exact."""
+    statements, _ = split_statements(ext_sql, what)
+    last: dict[tuple[str, str, tuple[str, ...]], int] = {}  # (kind, name, argument types) -> position
+    tables: list[str] = []
+    for pos, st in enumerate(statements):
+        toks = st.tokens
+        words = [t.value for t in toks if t.kind == "word"][:4]
+        fn = parse_function(st)
+        if fn is not None:
+            last[("FUNCTION", fn.name, fn.input_types)] = pos
+            continue
+        head = words[0] if words else ""
+        if head == "create":
+            i = 1
+            if _word(toks[i], "or") and _word(toks[i + 1], "replace"):
+                i += 2
+            if _word(toks[i], "unique"):
+                i += 1
+            kind = toks[i].value if toks[i].kind == "word" else ""
+            if kind == "table":
+                name, _ = _qualified(toks, i + 1, what)
+                last[("TABLE", name, ())] = pos
+                if name not in tables:
+                    tables.append(name)
+            elif kind == "view":
+                name, _ = _qualified(toks, i + 1, what)
+                last[("VIEW", name, ())] = pos
+            elif kind == "index":
+                pass  # dropped with its table
+            else:
+                raise BuildError(f"{what}: the switch script does not know how to drop what "
+                                 f"'{st.code[:60]}' creates (scripts/portable.py, portable_objects)")
+        elif head == "drop":
+            if not _word(toks[1], "function"):
+                raise BuildError(f"{what}: the switch script does not follow '{st.code[:60]}'")
+            i = 2
+            if _word(toks[i], "if") and _word(toks[i + 1], "exists"):
+                i += 2
+            name, i = _qualified(toks, i, what)
+            close = _matching_paren(toks, i)
+            types = tuple(a.type for a in (_parse_arg(x) for x in _split_top_level(toks[i + 1 : close]))
+                          if a.mode in ("in", "inout", "variadic"))
+            if last.pop(("FUNCTION", name, types), None) is None:
+                raise BuildError(f"{what}: '{st.code[:60]}' drops a function the script did not create")
+        elif head in _NO_OBJECT:
+            if head == "alter" and any(_word(t, "rename") for t in toks) or (
+                head == "alter" and any(_word(a, "set") and _word(b, "schema") for a, b in zip(toks, toks[1:]))
+            ):
+                raise BuildError(f"{what}: the switch script does not follow '{st.code[:60]}'")
+        else:
+            raise BuildError(f"{what}: the switch script does not know what '{st.code[:60]}' creates")
+    drops = []
+    for (kind, name, types), _ in sorted(last.items(), key=lambda kv: kv[1], reverse=True):
+        target = f"{SCHEMA}.{quote_ident(name)}"
+        if kind == "FUNCTION":
+            target += "(" + ", ".join(types) + ")"
+        drops.append(f"DROP {kind} {target} RESTRICT;")
+    if not tables:
+        raise BuildError(f"{what}: no CREATE TABLE: is this dedup's script?")
+    return PortableObjects(tables, drops)
+
+
+def build_to_native(ext_sql: str, version: str) -> str:
+    """One DO statement that moves a database from the portable edition (pg_tle or the plain
+    install) of `version` to the native extension of the same version, keeping every row of
+    every table of dedup, in one transaction."""
+    objects = portable_objects(plain_install_sql(ext_sql, f"{EXTENSION}--{version}.sql"),
+                               f"{EXTENSION}--{version}.sql")
+    tables = objects.tables
+    table_list = ", ".join(f"{SCHEMA}.{quote_ident(t)}" for t in tables)
+    drops = "\n".join(f"            {d}" for d in objects.drops)
+    tables_array = "ARRAY[" + ", ".join(sql_literal(t) for t in tables) + "]"
+    body = f"""
+DECLARE
+    target    constant text := {sql_literal(version)};
+    -- dedup's tables, in the order the extension script creates them.
+    tables    constant text[] := {tables_array};
+    path      text := pg_catalog.current_setting('search_path');
+    edition   text;
+    installed text;
+    ext       oid;
+    note      text;
+    available text;
+    registered boolean := false;
+    t         text;
+    cols      text;
+    lost      text;
+    former    text;
+    n_before  bigint;
+    n_after   bigint;
+    differ    bigint;
+    kept      text[] := '{{}}';
+    changes   text[] := '{{}}';
+    stmt      text;
+    r         record;
+    msg       text;
+    detail    text;
+    -- Every privilege on dedup's objects but their owners' (who, on what), and one row per
+    -- object with privilege NULL (that it exists, and its owner).
+    acl_query constant text := $acl$
+        SELECT $1, o.obj, a.col, o.owner, a.grantee, a.privilege_type, a.is_grantable
+          FROM (SELECT 'SCHEMA ' || pg_catalog.quote_ident(n.nspname) AS obj, n.nspowner AS owner,
+                       COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)) AS acl, NULL::oid AS rel
+                  FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'dedup'
+                UNION ALL
+                SELECT CASE c.relkind WHEN 'S' THEN 'SEQUENCE ' ELSE 'TABLE ' END
+                       || c.oid::pg_catalog.regclass::pg_catalog.text, c.relowner,
+                       COALESCE(c.relacl, pg_catalog.acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner)),
+                       c.oid
+                  FROM pg_catalog.pg_class AS c
+                 WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace
+                   AND c.relkind = ANY ('{{r,p,v,m,f,S}}'::"char"[])
+                UNION ALL
+                SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE ' ELSE 'FUNCTION ' END
+                       || p.oid::pg_catalog.regprocedure::pg_catalog.text, p.proowner,
+                       COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner)), NULL
+                  FROM pg_catalog.pg_proc AS p
+                 WHERE p.pronamespace = 'dedup'::pg_catalog.regnamespace) AS o
+          CROSS JOIN LATERAL (
+                SELECT NULL::pg_catalog.name AS col, NULL::oid AS grantee, NULL::pg_catalog.text AS privilege_type,
+                       NULL::boolean AS is_grantable
+                UNION ALL
+                SELECT NULL, x.grantee, x.privilege_type, x.is_grantable
+                  FROM pg_catalog.aclexplode(o.acl) AS x WHERE x.grantee <> o.owner
+                UNION ALL
+                SELECT att.attname, x.grantee, x.privilege_type, x.is_grantable
+                  FROM pg_catalog.pg_attribute AS att, pg_catalog.aclexplode(att.attacl) AS x
+                 WHERE att.attrelid = o.rel AND att.attnum > 0 AND NOT att.attisdropped
+                   AND x.grantee <> o.owner) AS a
+    $acl$;
+    -- What is attached to dedup's tables (indexes, triggers, policies, rules, publications,
+    -- statistics, row level security, replica identity): the native extension's tables have
+    -- what the portable edition's had, and nothing else.
+    attached_query constant text := $att$
+        SELECT $1, pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
+          FROM pg_catalog.pg_depend AS d JOIN pg_catalog.pg_class AS c ON c.oid = d.refobjid
+         WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+           AND c.relnamespace = 'dedup'::pg_catalog.regnamespace
+           AND d.deptype = ANY ('{{a,n}}'::"char"[])
+        UNION
+        SELECT $1, pg_catalog.format('row level security of %s', c.oid::pg_catalog.regclass)
+          FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace AND c.relrowsecurity
+        UNION
+        SELECT $1, pg_catalog.format('forced row level security of %s', c.oid::pg_catalog.regclass)
+          FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace AND c.relforcerowsecurity
+        UNION
+        SELECT $1, pg_catalog.format('replica identity %s of %s', c.relreplident, c.oid::pg_catalog.regclass)
+          FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace
+           AND c.relkind = 'r' AND c.relreplident <> 'd'
+    $att$;
+BEGIN
+    -- The caller's search_path must not change what this block means: pg_catalog first, and
+    -- pg_temp, never searched for functions or operators, last. Put back at the end.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
+    -- 1. Where we start from. Every refusal here changes nothing.
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION USING ERRCODE = '25000',
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: the transaction is %s; the switch runs at READ COMMITTED only',
+                                        pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))),
+            DETAIL = 'Above READ COMMITTED its snapshot is older than its lock on dedup''s tables: a claim committed '
+                     'in between would not be copied.',
+            HINT = 'Run it in a transaction of its own (psql -f, without BEGIN), in a session whose '
+                   'default_transaction_isolation is ''read committed'' (the default).';
+    END IF;
+    SELECT e.oid, e.extversion INTO ext, installed FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dedup';
+    IF FOUND THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_depend AS d
+                     JOIN pg_catalog.pg_proc AS p ON p.oid = d.objid
+                     JOIN pg_catalog.pg_language AS l ON l.oid = p.prolang
+                    WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                      AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                      AND d.refobjid = ext AND d.deptype = 'e' AND l.lanname = 'c') THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = pg_catalog.format('dedup.to-native.sql: dedup %s in this database is the native extension already', installed),
+                HINT = 'There is nothing to move. ALTER EXTENSION dedup UPDATE installs a newer native version.';
+        END IF;
+        edition := 'pg_tle';
+    ELSE
+        SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') INTO note
+          FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'dedup';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = 'dedup.to-native.sql: dedup is not installed in this database',
+                HINT = 'There are no claims to move: CREATE EXTENSION dedup installs the native extension.';
+        END IF;
+        installed := pg_catalog.substring(note, '^dedup ([0-9][0-9A-Za-z.\\-]*) \\(portable edition, plain install\\)$');
+        IF installed IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = 'dedup.to-native.sql: a schema dedup exists that dedup.plain.sql did not make',
+                DETAIL = pg_catalog.format('Its comment is %L; a plain install of dedup records its version there.', note),
+                HINT = 'This script moves the portable edition (pg_tle or dedup.plain.sql) to the native extension; '
+                       'it does not touch a schema dedup of your own.';
+        END IF;
+        edition := 'plain install';
+    END IF;
+    -- pg_tle's registration of dedup: the pg_tle edition's, or one left over. It goes too, so
+    -- that the native files are the only dedup CREATE EXTENSION can find.
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'pg_tle') THEN
+        EXECUTE 'SELECT EXISTS (SELECT FROM pgtle.available_extensions() AS x WHERE x.name = ''dedup'')'
+           INTO registered;
+    END IF;
+    IF edition = 'pg_tle' AND NOT registered THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: the extension dedup %s is neither native nor registered with pg_tle', installed),
+            HINT = 'This script moves the portable edition (pg_tle or dedup.plain.sql) to the native extension.';
+    END IF;
+    IF installed <> target THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = pg_catalog.format('dedup.to-native.sql is for dedup %s; this database has dedup %s (portable edition, %s)',
+                                        target, installed, edition),
+            HINT = pg_catalog.format('Run the dedup.to-native.sql of version %s, or update the portable edition to %s first.',
+                                     installed, target);
+    END IF;
+    -- The native files: a dedup.control in the server's extension directory. pg_tle adds
+    -- pg_tle to what an extension of its own requires, so such a row is never pg_tle's.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_available_extension_versions AS v
+                    WHERE v.name = 'dedup' AND v.version = target
+                      AND NOT COALESCE('pg_tle' = ANY (v.requires), false)) THEN
+        SELECT pg_catalog.string_agg(v.version, ', ' ORDER BY v.version) INTO available
+          FROM pg_catalog.pg_available_extension_versions AS v
+         WHERE v.name = 'dedup' AND NOT COALESCE('pg_tle' = ANY (v.requires), false);
+        IF available IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '58P01',
+                MESSAGE = 'dedup.to-native.sql: the native extension dedup is not installed on this server',
+                DETAIL = 'pg_available_extension_versions shows no dedup.control in the server''s extension directory.',
+                HINT = pg_catalog.format('Install the native dedup %s for PostgreSQL %s (the package postgresql-%s-dedup, or the '
+                                         'tarball''s lib/ and extension/ in pg_config''s pkglibdir and sharedir), then run this script again.',
+                                         target, pg_catalog.current_setting('server_version_num')::int / 10000,
+                                         pg_catalog.current_setting('server_version_num')::int / 10000);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: the native extension on this server offers dedup %s, not %s',
+                                        available, target),
+            HINT = pg_catalog.format('Install the native files of dedup %s (a newer package can update to its own version '
+                                     'afterwards, with ALTER EXTENSION dedup UPDATE).', target);
+    END IF;
+
+    -- 2. Lock dedup's tables: claims, leases, results, retention, offsets wait from here until
+    -- the switch commits or rolls back; a claim committed before is copied. In a deadlock
+    -- with a transaction of the application, that transaction detects it (after its own
+    -- deadlock_timeout) and rolls back; its message is redelivered.
+    BEGIN
+        PERFORM pg_catalog.set_config('deadlock_timeout', '1h', true);
+    EXCEPTION WHEN insufficient_privilege THEN
+        NULL;
+    END;
+    LOCK TABLE {table_list} IN ACCESS EXCLUSIVE MODE;
+
+    -- 3. Copy every row, and record the privileges and what is attached to the tables.
+    CREATE TEMP TABLE _dedup_acl (stage text, obj text, col name, owner oid, grantee oid, privilege text,
+                                  grantable boolean) ON COMMIT DROP;
+    EXECUTE 'INSERT INTO pg_temp._dedup_acl ' || acl_query USING 'before';
+    CREATE TEMP TABLE _dedup_attached (stage text, what text) ON COMMIT DROP;
+    EXECUTE 'INSERT INTO pg_temp._dedup_attached ' || attached_query USING 'before';
+    CREATE TEMP TABLE _dedup_reloptions ON COMMIT DROP AS
+        SELECT c.relname, c.reloptions, tc.reloptions AS toast_options
+          FROM pg_catalog.pg_class AS c LEFT JOIN pg_catalog.pg_class AS tc ON tc.oid = c.reltoastrelid
+         WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace AND c.relkind = 'r'
+           AND (c.reloptions IS NOT NULL OR tc.reloptions IS NOT NULL);
+    FOREACH t IN ARRAY tables LOOP
+        EXECUTE pg_catalog.format('CREATE TEMP TABLE %I ON COMMIT DROP AS TABLE dedup.%I', '_dedup_' || t, t);
+    END LOOP;
+
+    -- 4. Remove the portable edition. RESTRICT: an object of yours that depends on one of its
+    -- objects (a view on dedup.processed), or one in the schema dedup, stops the switch.
+    BEGIN
+        IF edition = 'pg_tle' THEN
+            DROP EXTENSION dedup RESTRICT;
+        ELSE
+            -- Every object dedup.plain.sql made, the last made first.
+{drops}
+        END IF;
+        DROP SCHEMA dedup RESTRICT;
+    EXCEPTION WHEN dependent_objects_still_exist THEN
+        GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL;
+        RAISE EXCEPTION USING ERRCODE = '2BP01',
+            MESSAGE = 'dedup.to-native.sql: ' || msg || '; nothing was changed',
+            DETAIL = detail,
+            HINT = 'The switch drops nothing of yours. Save the definitions of these objects, drop them (or move them '
+                   'out of the schema dedup), run this script again, then create them again.';
+    END;
+    IF registered THEN
+        PERFORM pgtle.uninstall_extension('dedup');
+    END IF;
+
+    -- 5. The native extension, of the same version: the same tables, made by the same SQL.
+    EXECUTE pg_catalog.format('CREATE EXTENSION dedup VERSION %L', target);
+    SELECT e.oid INTO ext FROM pg_catalog.pg_extension AS e WHERE e.extname = 'dedup';
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_depend AS d
+                     JOIN pg_catalog.pg_proc AS p ON p.oid = d.objid
+                     JOIN pg_catalog.pg_language AS l ON l.oid = p.prolang
+                    WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                      AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                      AND d.refobjid = ext AND d.deptype = 'e' AND l.lanname = 'c') THEN
+        RAISE EXCEPTION USING ERRCODE = 'XX000',
+            MESSAGE = 'dedup.to-native.sql: CREATE EXTENSION dedup did not install the native extension; nothing was changed';
+    END IF;
+
+    -- 6. Every row back, column by column; then the same rows, compared as text.
+    FOREACH t IN ARRAY tables LOOP
+        IF pg_catalog.to_regclass(pg_catalog.format('dedup.%I', t)) IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = pg_catalog.format('dedup.to-native.sql: the native extension has no table dedup.%I; nothing was changed', t);
+        END IF;
+        SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum),
+               pg_catalog.string_agg(pg_catalog.format('%I %s', a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod)), ', '
+                                     ORDER BY a.attnum)
+                 FILTER (WHERE b.attname IS NULL OR b.atttypid <> a.atttypid OR b.atttypmod <> a.atttypmod)
+          INTO cols, lost
+          FROM pg_catalog.pg_attribute AS a
+          LEFT JOIN pg_catalog.pg_attribute AS b
+            ON b.attrelid = pg_catalog.format('dedup.%I', t)::pg_catalog.regclass AND b.attname = a.attname
+           AND b.attnum > 0 AND NOT b.attisdropped
+         WHERE a.attrelid = pg_catalog.format('pg_temp.%I', '_dedup_' || t)::pg_catalog.regclass
+           AND a.attnum > 0 AND NOT a.attisdropped;
+        IF lost IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '55000',
+                MESSAGE = pg_catalog.format('dedup.to-native.sql: the native dedup.%I has no column %s; nothing was changed', t, lost),
+                HINT = 'A column added by hand cannot be kept: move its values out and drop it, then run this script again.';
+        END IF;
+        EXECUTE pg_catalog.format('DELETE FROM dedup.%I', t);
+        EXECUTE pg_catalog.format('INSERT INTO dedup.%1$I (%2$s) SELECT %2$s FROM pg_temp.%3$I', t, cols, '_dedup_' || t);
+        EXECUTE pg_catalog.format(
+            'SELECT (SELECT pg_catalog.count(*) FROM pg_temp.%3$I), (SELECT pg_catalog.count(*) FROM dedup.%1$I), '
+            '(SELECT pg_catalog.count(*) FROM (SELECT ROW(%2$s)::pg_catalog.text FROM pg_temp.%3$I '
+            'EXCEPT ALL SELECT ROW(%2$s)::pg_catalog.text FROM dedup.%1$I) AS m) OPERATOR(pg_catalog.+) '
+            '(SELECT pg_catalog.count(*) FROM (SELECT ROW(%2$s)::pg_catalog.text FROM dedup.%1$I '
+            'EXCEPT ALL SELECT ROW(%2$s)::pg_catalog.text FROM pg_temp.%3$I) AS m)', t, cols, '_dedup_' || t)
+          INTO n_before, n_after, differ;
+        IF n_before <> n_after OR differ <> 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'XX000',
+                MESSAGE = pg_catalog.format('dedup.to-native.sql: dedup.%I has %s rows after the switch, not the %s it had '
+                                            '(%s differ); nothing was changed', t, n_after, n_before, differ);
+        END IF;
+        kept := kept || pg_catalog.format('dedup.%s: %s', t, n_after);
+    END LOOP;
+
+    -- 7. Nothing attached to the old tables is lost.
+    EXECUTE 'INSERT INTO pg_temp._dedup_attached ' || attached_query USING 'after';
+    SELECT pg_catalog.string_agg(b.what, '; ' ORDER BY b.what) INTO lost
+      FROM pg_temp._dedup_attached AS b
+     WHERE b.stage = 'before'
+       AND NOT EXISTS (SELECT FROM pg_temp._dedup_attached AS a WHERE a.stage = 'after' AND a.what = b.what);
+    IF lost IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'dedup.to-native.sql: the switch would drop what you attached to dedup''s tables; nothing was changed',
+            DETAIL = pg_catalog.format('Not part of the portable edition: %s.', lost),
+            HINT = 'Save their definitions, drop them, run this script again, then make them again on the native extension''s tables.';
+    END IF;
+    -- Storage parameters set on the tables (autovacuum settings, fillfactor): set again.
+    FOR r IN SELECT o.relname, o.reloptions, o.toast_options FROM pg_temp._dedup_reloptions AS o LOOP
+        stmt := pg_catalog.format('ALTER TABLE dedup.%I SET (%s)', r.relname, pg_catalog.array_to_string(
+            ARRAY(SELECT pg_catalog.format('%I = %L', pg_catalog.split_part(x, '=', 1), pg_catalog.substr(x, pg_catalog.strpos(x, '=') + 1))
+                    FROM pg_catalog.unnest(r.reloptions) AS x
+                  UNION ALL
+                  SELECT pg_catalog.format('toast.%I = %L', pg_catalog.split_part(x, '=', 1), pg_catalog.substr(x, pg_catalog.strpos(x, '=') + 1))
+                    FROM pg_catalog.unnest(r.toast_options) AS x), ', '));
+        EXECUTE stmt;
+        changes := changes || stmt;
+    END LOOP;
+
+    -- 8. The privileges of the portable edition's objects, where the native ones differ: what
+    -- was revoked is revoked again, what was granted is granted again (owners aside).
+    EXECUTE 'INSERT INTO pg_temp._dedup_acl ' || acl_query USING 'after';
+    FOR r IN SELECT a.obj, a.col, a.grantee, a.privilege, a.grantable, false AS to_grant
+               FROM pg_temp._dedup_acl AS a
+              WHERE a.stage = 'after' AND a.privilege IS NOT NULL
+                AND EXISTS (SELECT FROM pg_temp._dedup_acl AS b
+                             WHERE b.stage = 'before' AND b.obj = a.obj AND b.privilege IS NULL)
+                AND NOT EXISTS (SELECT FROM pg_temp._dedup_acl AS b
+                                 WHERE b.stage = 'before' AND b.obj = a.obj AND b.col IS NOT DISTINCT FROM a.col
+                                   AND b.grantee = a.grantee AND b.privilege = a.privilege AND b.grantable = a.grantable)
+             UNION ALL
+             SELECT b.obj, b.col, b.grantee, b.privilege, b.grantable, true
+               FROM pg_temp._dedup_acl AS b
+              WHERE b.stage = 'before' AND b.privilege IS NOT NULL
+                AND EXISTS (SELECT FROM pg_temp._dedup_acl AS a
+                             WHERE a.stage = 'after' AND a.obj = b.obj AND a.privilege IS NULL)
+                AND NOT EXISTS (SELECT FROM pg_temp._dedup_acl AS a
+                                 WHERE a.stage = 'after' AND a.obj = b.obj AND a.col IS NOT DISTINCT FROM b.col
+                                   AND a.grantee = b.grantee AND a.privilege = b.privilege AND a.grantable = b.grantable)
+             ORDER BY 6, 1, 2, 3, 4 LOOP
+        stmt := pg_catalog.format('%s %s%s ON %s %s %s%s',
+            CASE WHEN r.to_grant THEN 'GRANT' ELSE 'REVOKE' END, r.privilege,
+            COALESCE(' (' || pg_catalog.quote_ident(r.col) || ')', ''), r.obj,
+            CASE WHEN r.to_grant THEN 'TO' ELSE 'FROM' END,
+            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END,
+            CASE WHEN r.to_grant AND r.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        EXECUTE stmt;
+        changes := changes || stmt;
+    END LOOP;
+    SELECT pg_catalog.string_agg(DISTINCT pg_catalog.format('%s (now %s)', pg_catalog.pg_get_userbyid(b.owner),
+                                                            pg_catalog.pg_get_userbyid(a.owner)), ', '),
+           pg_catalog.string_agg(DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(b.owner)), ', ')
+      INTO lost, former
+      FROM pg_temp._dedup_acl AS b JOIN pg_temp._dedup_acl AS a ON a.obj = b.obj
+     WHERE b.stage = 'before' AND a.stage = 'after' AND b.privilege IS NULL AND a.privilege IS NULL
+       AND a.owner <> b.owner;
+    IF lost IS NOT NULL THEN
+        RAISE WARNING USING
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: dedup''s objects have a new owner: %s', lost),
+            DETAIL = 'The native extension''s objects belong to the role that created it; the former owner had every '
+                     'privilege on them as their owner, and has now only what is granted to it.',
+            HINT = pg_catalog.format('Grant %s what it uses (README: Security model), e.g. '
+                                     'GRANT EXECUTE ON FUNCTION dedup.prune(text, bigint) TO %s.', former, former);
+    END IF;
+
+    RAISE NOTICE USING
+        MESSAGE = pg_catalog.format('dedup %s: moved from the portable edition (%s) to the native extension; every row kept (%s)',
+                                    target, edition, pg_catalog.array_to_string(kept, ', ')),
+        DETAIL = CASE WHEN pg_catalog.cardinality(changes) = 0 THEN 'No privilege or storage parameter to set again.'
+                      ELSE 'Set again as they were: ' || pg_catalog.array_to_string(changes, '; ') || '.' END,
+        HINT = 'Add dedup to shared_preload_libraries and restart, for the background worker (then the pg_cron jobs '
+               'that call dedup.prune() can go) and the counters of dedup.stats.';
+    SELECT x.default_version INTO available FROM pg_catalog.pg_available_extensions AS x WHERE x.name = 'dedup';
+    IF available IS DISTINCT FROM target THEN
+        RAISE NOTICE 'dedup: the native files'' default version is %; ALTER EXTENSION dedup UPDATE installs it', available;
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', path, true);
+END
+"""
+    return f"""-- dedup {version}: from the portable edition to the native extension, keeping every row
+-- (generated by scripts/portable.py; see docs/portable.md, "Moving to the native extension").
+--
+-- Install the native extension's files on the server first (the package postgresql-N-dedup
+-- of dedup {version}), then run this in each database with the portable edition, as a
+-- superuser (the native extension needs one):
+--     psql "$DATABASE_URL" -f dedup.to-native.sql
+-- One statement, so one transaction: it locks dedup's tables (claims wait), copies every
+-- row, removes the portable edition (pg_tle: DROP EXTENSION and pgtle.uninstall_extension;
+-- plain install: the objects dedup.plain.sql made, RESTRICT), runs CREATE EXTENSION dedup,
+-- puts every row back and checks them, and sets again the privileges granted or revoked on
+-- dedup's objects. Any failure rolls all of it back; it drops nothing of yours.
+DO {dollar_quote(body, "_dedup_to_native_")};
+"""
+
+
 def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str]) -> list[str]:
     portable = read_portable(os.path.join(REPO, "sql", "portable"))
     control = read_control(os.path.join(REPO, f"{EXTENSION}.control"))
@@ -963,6 +1444,7 @@ def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str])
         (f"{EXTENSION}--{version}.sql", ext_sql),
         (f"{EXTENSION}.pgtle.sql", build_pgtle(ext_sql, version, control.get("comment", ""), requires, upgrades)),
         (f"{EXTENSION}.plain.sql", build_plain(ext_sql, version, upgrades)),
+        (f"{EXTENSION}.to-native.sql", build_to_native(ext_sql, version)),
     ):
         path = os.path.join(outdir, name)
         with open(path, "w", encoding="utf-8") as fh:

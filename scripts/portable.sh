@@ -6,7 +6,8 @@
 #   2. scripts/portable.py replaces each of its `LANGUAGE c` functions by the function of the
 #      same signature in sql/portable/, and fails when one is missing, extra or different
 # Writes target/portable/: dedup--VERSION.sql, dedup.pgtle.sql (pg_tle registration),
-# dedup.plain.sql (a plain script, re-runnable).
+# dedup.plain.sql (a plain script, re-runnable), dedup.to-native.sql (the switch to the
+# native extension, every row kept).
 source "$(dirname "$0")/lib.sh"
 out=${DEDUP_PORTABLE_DIR:-$ROOT/target/portable}
 mkdir -p "$out"

@@ -16,7 +16,8 @@
 #      node, crashes, a shard move, the experiment with a consumer on each node
 #   5. the package of that major (scripts/package-test.sh)
 #   then, with 15 among the majors, the portable edition (scripts/portable-test.sh): the
-#   integration suite against the system's PostgreSQL 15 through pg_tle and the plain script
+#   integration suite against the system's PostgreSQL 15 through pg_tle and the plain script,
+#   then the switch of each to the native extension (with the package of 15 installed)
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 majors=$(pg_majors)
@@ -67,9 +68,11 @@ done
 
 # The portable edition (docs/portable.md), on the system's PostgreSQL 15 where no dedup.so
 # is installed (the package test above removes its own): through pg_tle and the plain script.
+portable=
 if [[ " $(echo $majors) " == *" 15 "* ]]; then
     step "the portable edition (pg_tle and the plain script) on the system's PostgreSQL 15"
     bash scripts/portable-test.sh
+    portable=", and the portable edition"
 fi
 
-step "all tests passed on PostgreSQL $(echo $majors), and the portable edition"
+step "all tests passed on PostgreSQL $(echo $majors)$portable"

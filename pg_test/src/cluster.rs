@@ -48,7 +48,7 @@ pub fn edition() -> Edition {
     }
 }
 
-/// A file of the portable edition (`dedup.pgtle.sql`, `dedup.plain.sql`).
+/// A file of the portable edition (`dedup.pgtle.sql`, `dedup.plain.sql`, `dedup.to-native.sql`).
 pub fn portable_file(name: &str) -> PathBuf {
     std::env::var_os("DEDUP_PORTABLE_DIR")
         .map(PathBuf::from)
@@ -384,7 +384,13 @@ impl Cluster {
     /// `CREATE EXTENSION pg_tle` and the registration script; for the plain edition its
     /// script instead.
     pub fn install_dedup(&self, dbname: &str) -> Result<()> {
-        match edition() {
+        self.install_edition(dbname, edition())
+    }
+
+    /// dedup of `edition` in an existing database, whatever `DEDUP_EDITION` says (the test of
+    /// the switch to the native extension installs the portable editions itself).
+    pub fn install_edition(&self, dbname: &str, edition: Edition) -> Result<()> {
+        match edition {
             Edition::Native => {
                 self.psql(dbname, "CREATE EXTENSION dedup")?;
             }
