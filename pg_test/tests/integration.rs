@@ -127,6 +127,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     upgrade::upgrade_from_oldest_version_keeps_claims,
     versions::one_version_everywhere,
     docs::readme_documents_every_function_and_setting,
+    docs::portable_differences_list_every_test_left_out,
     examples::readme_shows_the_examples_as_they_run,
     examples::rust_tokio_postgres_consumer,
     examples::python_psycopg_consumer,
@@ -195,16 +196,10 @@ const WORKER: &str =
     "the background worker is part of the native library; the portable edition prunes from pg_cron";
 /// Tests that need `CREATE EXTENSION dedup` itself: they run through pg_tle, not with the
 /// plain script (`DEDUP_EDITION=plain`).
-pub const EXTENSION_ONLY: &[(&str, &str)] = &[
-    (
-        "lifecycle::extension_recreated_under_a_live_session",
-        "it drops and creates the extension; the plain script creates no extension",
-    ),
-    (
-        "dump_restore::dump_and_restore_keep_every_claim",
-        "pg_dump of an extension dumps its configuration tables' rows only; without an extension every object is dumped (docs/portable.md: moving a plain install)",
-    ),
-];
+pub const EXTENSION_ONLY: &[(&str, &str)] = &[(
+    "lifecycle::extension_recreated_under_a_live_session",
+    "it drops and creates the extension; the plain script creates no extension",
+)];
 
 /// Why a test cannot apply to the edition under test (None: it runs).
 fn not_applicable(name: &str) -> Option<&'static str> {

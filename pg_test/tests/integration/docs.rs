@@ -101,3 +101,27 @@ pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()
     }
     Ok(())
 }
+
+/// docs/portable.md names every test that cannot apply to the portable edition (and so
+/// does not run against it), with its reason: the list in the harness (NATIVE_ONLY,
+/// EXTENSION_ONLY) is the one the docs show.
+pub async fn portable_differences_list_every_test_left_out(_ctx: Ctx) -> Result<()> {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/portable.md");
+    let doc = std::fs::read_to_string(&file)?;
+    let section = section(&doc, "tests-not-run")?;
+    let listed = documented(section);
+    let mut missing = Vec::new();
+    let mut unknown: BTreeSet<String> = listed.clone();
+    for (name, _) in crate::NATIVE_ONLY.iter().chain(crate::EXTENSION_ONLY) {
+        if !listed.contains(*name) {
+            missing.push(*name);
+        }
+        unknown.remove(*name);
+    }
+    if !missing.is_empty() || !unknown.is_empty() {
+        bail!(
+            "docs/portable.md's tests-not-run table: missing {missing:?}, not in the harness's lists {unknown:?}"
+        );
+    }
+    Ok(())
+}
