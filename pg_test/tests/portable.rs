@@ -19,6 +19,8 @@
 //!      behind its lock: every row and privilege kept, no id claimed twice, every claim
 //!      that committed in the table, the native API answering from the moved rows, and a
 //!      second run refused (55000: native already).
+//!
+//! And pruning by pg_cron with the documented job ([`pg_cron_case`]).
 use anyhow::{bail, ensure, Context, Result};
 use dedup_pg_test::cluster::{self, portable_file, run, Cluster, Edition, Options};
 use dedup_pg_test::{connect, sqlstate, Conn};
@@ -65,6 +67,24 @@ fn main() -> ExitCode {
         ran += 1;
         let started = Instant::now();
         match case(&runtime, edition) {
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                println!(
+                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
+                    started.elapsed().as_secs_f64()
+                );
+                failed.push(name);
+            }
+        }
+    }
+    let name = "portable::pg_cron_prunes_with_the_documented_schedule".to_string();
+    if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
+        ran += 1;
+        let started = Instant::now();
+        match pg_cron_case(&runtime) {
             Ok(()) => println!(
                 "test {name} ... ok ({:.1}s)",
                 started.elapsed().as_secs_f64()
@@ -900,4 +920,111 @@ async fn native_api_answers_from_the_moved_rows(
     let pruned: i64 = c.query_one("SELECT dedup.prune()", &[]).await?.get(0);
     ensure_eq(pruned, 0, "a prune of claims younger than their retention")?;
     Ok(())
+}
+
+/// Pruning without the worker (docs/portable.md, "Pruning with pg_cron"): the plain
+/// edition in database `app`, pg_cron (Debian's postgresql-15-cron) running the documented
+/// job, `cron.schedule_in_database('dedup-prune', '* * * * *', $$SELECT dedup.prune(max_rows
+/// => 10000)$$, 'app')`, while a CREATEDB role of its own holds 2,000 advisory locks (of both
+/// key spaces) in an open transaction: within the two minutes after the job is scheduled,
+/// the expired claims are gone, the live ones kept, and pg_cron records the run as
+/// succeeded.
+fn pg_cron_case(runtime: &tokio::runtime::Runtime) -> Result<()> {
+    let cluster = Cluster::start(
+        Options::named("pg-cron")
+            .set("shared_preload_libraries", "pg_cron")
+            .set("cron.database_name", "postgres")
+            .set("cron.use_background_workers", "on")
+            .set("max_worker_processes", "16"),
+    )?;
+    cluster.psql("postgres", "CREATE DATABASE app")?;
+    cluster.install_edition("app", Edition::Plain)?;
+    cluster.psql("postgres", "CREATE EXTENSION pg_cron")?;
+    runtime.block_on(async {
+        let app = connect(&cluster.dsn("app")).await?;
+        app.batch_execute(
+            "SELECT dedup.set_retention('old', '1 hour');
+             INSERT INTO dedup.processed (scope, job_id, processed_at)
+               SELECT 'old', g::text, now() - interval '2 hours' FROM generate_series(1, 3000) g;
+             BEGIN;
+             SELECT dedup.try_claim_many(ARRAY(SELECT g::text FROM generate_series(1, 10) g), 'live');
+             COMMIT;
+             CREATE ROLE hostile LOGIN CREATEDB;
+             GRANT USAGE ON SCHEMA dedup TO hostile;",
+        )
+        .await?;
+        let hostile = connect(&format!("{} user=hostile", cluster.dsn("app"))).await?;
+        hostile
+            .batch_execute(
+                "BEGIN;
+                 SELECT count(pg_advisory_xact_lock(g)) FROM generate_series(-1000, 999) g;
+                 SELECT count(pg_advisory_xact_lock(k, g)) FROM generate_series(-2, 2) k, generate_series(0, 199) g;",
+            )
+            .await?;
+        let cron = connect(&cluster.dsn("postgres")).await?;
+        let job: i64 = cron
+            .query_one(
+                "SELECT cron.schedule_in_database('dedup-prune', '* * * * *', \
+                 $$SELECT dedup.prune(max_rows => 10000)$$, 'app')",
+                &[],
+            )
+            .await?
+            .get(0);
+        let deadline = Instant::now() + Duration::from_secs(130);
+        loop {
+            let left: i64 = app
+                .query_one(
+                    "SELECT count(*) FROM dedup.processed WHERE scope = 'old'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            let runs: Vec<String> = cron
+                .query(
+                    "SELECT status || ': ' || coalesce(return_message, '') FROM cron.job_run_details WHERE jobid = $1",
+                    &[&job],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            if Instant::now() > deadline {
+                bail!("{left} expired claims left two minutes after the job was scheduled; runs: {runs:?}");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let live: i64 = app
+            .query_one(
+                "SELECT count(*) FROM dedup.processed WHERE scope = 'live'",
+                &[],
+            )
+            .await?
+            .get(0);
+        ensure_eq(live, 10, "live claims after the scheduled prune")?;
+        // The run is recorded once it ends; give pg_cron a moment to write it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ok: i64 = cron
+                .query_one(
+                    "SELECT count(*) FROM cron.job_run_details WHERE jobid = $1 AND status = 'succeeded'",
+                    &[&job],
+                )
+                .await?
+                .get(0);
+            if ok > 0 {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "pg_cron recorded no succeeded run of the prune job"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        hostile.batch_execute("ROLLBACK").await?;
+        println!("  pg_cron pruned 3000 expired claims, kept 10 live ones, with 2,000 advisory locks held by a CREATEDB role");
+        Ok(())
+    })
 }
