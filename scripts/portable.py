@@ -767,8 +767,8 @@ def build_pgtle(ext_sql: str, version: str, comment: str, requires: list[str], u
     END IF;""")
     body = f"""
 DECLARE
-    known boolean;
-    path  text := pg_catalog.current_setting('search_path');
+    known pg_catalog.bool;
+    path  pg_catalog.text := pg_catalog.current_setting('search_path');
 BEGIN
     PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'pg_tle') THEN
@@ -853,12 +853,12 @@ def build_plain(ext_sql: str, version: str, upgrades: list[Upgrade]) -> str:
     END IF;""")
     body = f"""
 DECLARE
-    target    constant text := {sql_literal(version)};
-    ext       text;
-    owner     oid;
-    note      text;
-    installed text;
-    path      text := pg_catalog.current_setting('search_path');
+    target    constant pg_catalog.text := {sql_literal(version)};
+    ext       pg_catalog.text;
+    owner     pg_catalog.oid;
+    note      pg_catalog.text;
+    installed pg_catalog.text;
+    path      pg_catalog.text := pg_catalog.current_setting('search_path');
 BEGIN
     -- The caller's search_path must not change what this block means; it is put back
     -- before the block ends (an error rolls it back with everything else).
@@ -872,8 +872,13 @@ BEGIN
                    'extension (ALTER EXTENSION dedup UPDATE for a newer version), or move its claims out and '
                    'DROP EXTENSION dedup first.';
     END IF;
-    -- Serialize two runs of this script (the second then sees what the first made).
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('dedup.plain.sql'));
+    -- Two runs of this script at once: the second stops (any role can take an advisory
+    -- lock, so waiting for it could wait for ever).
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('dedup.plain.sql')) THEN
+        RAISE EXCEPTION USING ERRCODE = '55P03',
+            MESSAGE = 'dedup.plain.sql: another session is running this script, or holds its advisory lock',
+            HINT = 'Run it again once that session is done.';
+    END IF;
     SELECT n.nspowner, pg_catalog.obj_description(n.oid, 'pg_namespace') INTO owner, note
       FROM pg_catalog.pg_namespace AS n WHERE n.nspname = 'dedup';
     IF FOUND THEN
@@ -884,10 +889,13 @@ BEGIN
                 DETAIL = pg_catalog.format('Its comment is %L; a plain install of dedup records its version there.', note),
                 HINT = 'Rename or drop that schema (after moving anything of value out of it), then run this script again.';
         END IF;
-        IF NOT pg_catalog.pg_has_role(current_user, owner, 'USAGE') THEN
+        -- Only its owner's: a schema that merely looks like a plain install, made by a role
+        -- that owns the database, must not be taken for one by a superuser.
+        IF owner OPERATOR(pg_catalog.<>) (SELECT r.oid FROM pg_catalog.pg_roles AS r
+                                          WHERE r.rolname OPERATOR(pg_catalog.=) current_user) THEN
             RAISE EXCEPTION USING ERRCODE = '42501',
                 MESSAGE = pg_catalog.format('dedup.plain.sql: the schema dedup belongs to %s', owner::pg_catalog.regrole),
-                HINT = 'Run this script as the role that installed dedup (or a member of it).';
+                HINT = pg_catalog.format('Run this script as %s, the role that installed dedup.', owner::pg_catalog.regrole);
         END IF;
         IF installed = target THEN
             PERFORM pg_catalog.set_config('search_path', path, true);
@@ -1036,32 +1044,32 @@ def build_to_native(ext_sql: str, version: str) -> str:
     tables_array = "ARRAY[" + ", ".join(sql_literal(t) for t in tables) + "]"
     body = f"""
 DECLARE
-    target    constant text := {sql_literal(version)};
+    target    constant pg_catalog.text := {sql_literal(version)};
     -- dedup's tables, in the order the extension script creates them.
-    tables    constant text[] := {tables_array};
-    path      text := pg_catalog.current_setting('search_path');
-    edition   text;
-    installed text;
-    ext       oid;
-    note      text;
-    available text;
-    registered boolean := false;
-    t         text;
-    cols      text;
-    lost      text;
-    former    text;
-    n_before  bigint;
-    n_after   bigint;
-    differ    bigint;
-    kept      text[] := '{{}}';
-    changes   text[] := '{{}}';
-    stmt      text;
+    tables    constant pg_catalog.text[] := {tables_array};
+    path      pg_catalog.text := pg_catalog.current_setting('search_path');
+    edition   pg_catalog.text;
+    installed pg_catalog.text;
+    ext       pg_catalog.oid;
+    note      pg_catalog.text;
+    available pg_catalog.text;
+    registered pg_catalog.bool := false;
+    t         pg_catalog.text;
+    cols      pg_catalog.text;
+    lost      pg_catalog.text;
+    former    pg_catalog.text;
+    n_before  pg_catalog.int8;
+    n_after   pg_catalog.int8;
+    differ    pg_catalog.int8;
+    kept      pg_catalog.text[] := '{{}}';
+    changes   pg_catalog.text[] := '{{}}';
+    stmt      pg_catalog.text;
     r         record;
-    msg       text;
-    detail    text;
+    msg       pg_catalog.text;
+    detail    pg_catalog.text;
     -- Every privilege on dedup's objects but their owners' (who, on what), and one row per
     -- object with privilege NULL (that it exists, and its owner).
-    acl_query constant text := $acl$
+    acl_query constant pg_catalog.text := $acl$
         SELECT $1, o.obj, a.col, o.owner, a.grantee, a.privilege_type, a.is_grantable
           FROM (SELECT 'SCHEMA ' || pg_catalog.quote_ident(n.nspname) AS obj, n.nspowner AS owner,
                        COALESCE(n.nspacl, pg_catalog.acldefault('n', n.nspowner)) AS acl, NULL::oid AS rel
@@ -1095,7 +1103,7 @@ DECLARE
     -- What is attached to dedup's tables (indexes, triggers, policies, rules, publications,
     -- statistics, row level security, replica identity): the native extension's tables have
     -- what the portable edition's had, and nothing else.
-    attached_query constant text := $att$
+    attached_query constant pg_catalog.text := $att$
         SELECT $1, pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
           FROM pg_catalog.pg_depend AS d JOIN pg_catalog.pg_class AS c ON c.oid = d.refobjid
          WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
@@ -1213,6 +1221,26 @@ BEGIN
         NULL;
     END;
     LOCK TABLE {table_list} IN ACCESS EXCLUSIVE MODE;
+    -- Locked, they cannot change until the end. Only plain tables with columns of built-in
+    -- types are read: a view, a foreign table, a table with children or a column of a type of
+    -- someone's put in place of one would run code of its owner's as the caller (a superuser)
+    -- when the copy below reads it.
+    SELECT pg_catalog.string_agg(pg_catalog.format('dedup.%I', x.name), ', ' ORDER BY x.name) INTO lost
+      FROM pg_catalog.unnest(tables) AS x(name)
+      LEFT JOIN pg_catalog.pg_class AS c
+        ON c.relname OPERATOR(pg_catalog.=) x.name AND c.relnamespace OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.regnamespace
+     WHERE c.oid IS NULL OR c.relkind OPERATOR(pg_catalog.<>) 'r' OR c.relhassubclass
+        OR EXISTS (SELECT FROM pg_catalog.pg_inherits AS i WHERE i.inhrelid OPERATOR(pg_catalog.=) c.oid)
+        OR EXISTS (SELECT FROM pg_catalog.pg_attribute AS a JOIN pg_catalog.pg_type AS ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
+                    WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                      AND ty.typnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace);
+    IF lost IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: %s is not a table as the portable edition made it; nothing was changed', lost),
+            DETAIL = 'Each of dedup''s tables must be a plain table (not a view, a foreign or partitioned table, nor one with '
+                     'inheritance children) whose columns are of built-in types.',
+            HINT = 'Put the table of the portable edition back, or move the claims by hand (docs/portable.md).';
+    END IF;
 
     -- 3. Copy every row, and record the privileges and what is attached to the tables.
     CREATE TEMP TABLE _dedup_acl (stage text, obj text, col name, owner oid, grantee oid, privilege text,
@@ -1226,7 +1254,7 @@ BEGIN
          WHERE c.relnamespace = 'dedup'::pg_catalog.regnamespace AND c.relkind = 'r'
            AND (c.reloptions IS NOT NULL OR tc.reloptions IS NOT NULL);
     FOREACH t IN ARRAY tables LOOP
-        EXECUTE pg_catalog.format('CREATE TEMP TABLE %I ON COMMIT DROP AS TABLE dedup.%I', '_dedup_' || t, t);
+        EXECUTE pg_catalog.format('CREATE TEMP TABLE %I ON COMMIT DROP AS SELECT * FROM ONLY dedup.%I', '_dedup_' || t, t);
     END LOOP;
 
     -- 4. Remove the portable edition. RESTRICT: an object of yours that depends on one of its

@@ -172,7 +172,7 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ),
     (
         "retention::retention_is_the_same_in_every_session",
-        "without the library, dedup.retention is a placeholder setting: a session may SET it for itself, and set_retention is the way to give a scope its retention",
+        "without the library, dedup.retention is a placeholder setting PostgreSQL lets any session SET: the portable edition ignores a session's or a role's value (pg_test/tests/portable.rs) but cannot refuse it with 22023",
     ),
     (
         "lifecycle::altered_table_is_refused",

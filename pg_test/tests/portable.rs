@@ -15,6 +15,7 @@
 //!   3. the native files installed;
 //!   4. in another database, a view of the user's on dedup.processed: the switch fails
 //!      (2BP01) and changes nothing; with an index of the user's instead, it fails (55000);
+//!      with a view in place of one of dedup's tables, it fails (55000) before it reads it;
 //!   5. the switch, with psql, while 8 connections claim new ids and claimed ones and queue
 //!      behind its lock: every row and privilege kept, no id claimed twice, every claim
 //!      that committed in the table, the native API answering from the moved rows, and a
@@ -67,6 +68,24 @@ fn main() -> ExitCode {
         ran += 1;
         let started = Instant::now();
         match case(&runtime, edition) {
+            Ok(()) => println!(
+                "test {name} ... ok ({:.1}s)",
+                started.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                println!(
+                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
+                    started.elapsed().as_secs_f64()
+                );
+                failed.push(name);
+            }
+        }
+    }
+    let name = "portable::hostile_roles_against_the_plain_edition".to_string();
+    if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
+        ran += 1;
+        let started = Instant::now();
+        match runtime.block_on(hostile_roles_against_the_plain_edition()) {
             Ok(()) => println!(
                 "test {name} ... ok ({:.1}s)",
                 started.elapsed().as_secs_f64()
@@ -304,6 +323,52 @@ async fn switch_keeps_every_row(
         "after an index",
     )?;
     ensure_eq(edition_of(&refused).await?, portable, "after an index")?;
+    // A view in place of one of dedup's tables, whose function would run as the caller (a
+    // superuser) when the copy reads it: refused before anything reads it (the function
+    // bumps a sequence, which no rollback undoes).
+    refused
+        .batch_execute(
+            "DROP INDEX dedup.claims_by_time;
+             BEGIN; SELECT dedup.advance('s', 0, 1); COMMIT;
+             CREATE SEQUENCE public.view_ran;
+             CREATE FUNCTION public.ran() RETURNS boolean LANGUAGE sql VOLATILE
+               AS $$ SELECT nextval('public.view_ran') > 0 $$;
+             ALTER TABLE dedup.offsets RENAME TO offsets_real;
+             CREATE VIEW dedup.offsets AS SELECT o.* FROM dedup.offsets_real AS o WHERE public.ran();",
+        )
+        .await?;
+    let (code, message) = refusal(&refused, &script).await?;
+    let ran: bool = refused
+        .query_one("SELECT is_called FROM public.view_ran", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        ran,
+        false,
+        "a view for a table: its function ran during the switch",
+    )?;
+    ensure_eq(
+        code.as_str(),
+        "55000",
+        &format!("a view for a table: {message}"),
+    )?;
+    ensure!(
+        message.contains("dedup.offsets"),
+        "the error names the table: {message}"
+    );
+    refused
+        .batch_execute(
+            "DROP VIEW dedup.offsets;
+             ALTER TABLE dedup.offsets_real RENAME TO offsets;
+             DROP FUNCTION public.ran();
+             DROP SEQUENCE public.view_ran;",
+        )
+        .await?;
+    ensure_eq(
+        edition_of(&refused).await?,
+        portable,
+        "after a view for a table",
+    )?;
 
     // 5. The switch while 8 connections claim.
     let load = claim_during_the_switch(cluster, &script_path).await?;
@@ -1027,4 +1092,111 @@ fn pg_cron_case(runtime: &tokio::runtime::Runtime) -> Result<()> {
         println!("  pg_cron pruned 3000 expired claims, kept 10 live ones, with 2,000 advisory locks held by a CREATEDB role");
         Ok(())
     })
+}
+
+/// Hostile roles against the plain edition (security review of the portable edition):
+/// 1. a superuser runs dedup.plain.sql in a database a CREATEDB role owns, with the
+///    caller's search_path starting at that role's schema, whose domain `text` has a check
+///    that would run the role's code: the script runs none of it;
+/// 2. a role's own `SET dedup.retention` does not lengthen what `dedup.lease` allows (a
+///    lease for decades) nor what `dedup.retention()` says; the database's setting does;
+/// 3. a schema `dedup` the role made to look like a plain install is refused (42501), not
+///    taken for one.
+async fn hostile_roles_against_the_plain_edition() -> Result<()> {
+    let cluster = Cluster::start(Options::named("plain-owner"))?;
+    cluster.psql("postgres", "CREATE ROLE mallory LOGIN CREATEDB")?;
+    cluster.psql("postgres", "CREATE DATABASE mallorys OWNER mallory")?;
+    let script = std::fs::read_to_string(portable_file("dedup.plain.sql"))?;
+    let mallory = connect(&format!("{} user=mallory", cluster.dsn("mallorys"))).await?;
+    mallory
+        .batch_execute(
+            "CREATE SCHEMA evil;
+             CREATE SEQUENCE evil.ran;
+             CREATE FUNCTION evil.check_text(v pg_catalog.text) RETURNS boolean LANGUAGE sql VOLATILE
+               AS $$ SELECT pg_catalog.nextval('evil.ran') > 0 $$;
+             CREATE DOMAIN evil.text AS pg_catalog.text CHECK (evil.check_text(VALUE));
+             CREATE DOMAIN evil.oid AS pg_catalog.oid CHECK (evil.check_text(VALUE::pg_catalog.text));",
+        )
+        .await?;
+    let admin = connect(&cluster.dsn("mallorys")).await?;
+    admin
+        .batch_execute(&format!(
+            "SET search_path = evil, pg_catalog; {script} RESET search_path;"
+        ))
+        .await
+        .context("the plain script under a hostile search_path")?;
+    let ran: bool = admin
+        .query_one("SELECT is_called FROM evil.ran", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        ran,
+        false,
+        "the database owner's domain check ran in the script",
+    )?;
+    // A session's own retention is not dedup's.
+    mallory
+        .batch_execute("SET dedup.retention = '24000d'")
+        .await?;
+    let lease = mallory
+        .batch_execute(
+            "BEGIN; SELECT * FROM dedup.lease('victim', 'payments', '60 years'); COMMIT;",
+        )
+        .await;
+    let _ = mallory.batch_execute("ROLLBACK").await;
+    let code = match &lease {
+        Ok(()) => "none".to_string(),
+        Err(e) => sqlstate(e).unwrap_or("none").to_string(),
+    };
+    ensure_eq(
+        code.as_str(),
+        "22023",
+        "a lease of 60 years after SET dedup.retention",
+    )?;
+    let said: String = mallory
+        .query_one("SELECT dedup.retention()::text", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        said.as_str(),
+        "7 days",
+        "dedup.retention() after a session's SET",
+    )?;
+    admin
+        .batch_execute("ALTER DATABASE mallorys SET dedup.retention = '30d'")
+        .await?;
+    let fresh = connect(&format!("{} user=mallory", cluster.dsn("mallorys"))).await?;
+    let said: String = fresh
+        .query_one("SELECT dedup.retention()::text", &[])
+        .await?
+        .get(0);
+    ensure_eq(
+        said.as_str(),
+        "30 days",
+        "dedup.retention() with the database's setting",
+    )?;
+    admin
+        .batch_execute("ALTER DATABASE mallorys RESET dedup.retention")
+        .await?;
+    // A look-alike schema of the database owner's: refused, nothing installed.
+    admin.batch_execute("DROP SCHEMA dedup CASCADE").await?;
+    mallory
+        .batch_execute(
+            "CREATE SCHEMA dedup;
+             COMMENT ON SCHEMA dedup IS 'dedup 0.6.0 (portable edition, plain install)';
+             CREATE FUNCTION dedup.try_claim(job_id text, scope text DEFAULT 'default')
+               RETURNS boolean LANGUAGE sql AS 'SELECT true';",
+        )
+        .await?;
+    let (code, message) = refusal(&admin, &script).await?;
+    ensure_eq(
+        code.as_str(),
+        "42501",
+        &format!("a look-alike schema: {message}"),
+    )?;
+    ensure!(
+        message.contains("mallory"),
+        "the error names the schema's owner: {message}"
+    );
+    Ok(())
 }

@@ -175,8 +175,41 @@ BEGIN
 END
 $$;
 
+-- dedup.retention as the database or the server sets it, never a session or a role: the
+-- native library refuses those (src/guc.rs), and a session's own retention would let any
+-- role take a lease for decades (dedup.lease allows up to the retention) or prune by its
+-- own. The database's setting (ALTER DATABASE ... SET, in pg_db_role_setting), else the
+-- server's configuration files (pg_file_settings, when this function's owner may read
+-- them), else NULL (the default). SECURITY DEFINER for pg_file_settings only, which is
+-- why it reads this one setting and takes no name.
+CREATE FUNCTION dedup._portable_settled_retention()
+RETURNS pg_catalog.text
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    wanted constant text := 'dedup.retention';
+    v      text;
+BEGIN
+    SELECT substr(c, length(wanted) + 2) INTO v
+      FROM pg_db_role_setting AS s, unnest(s.setconfig) AS c
+     WHERE s.setrole = 0
+       AND s.setdatabase = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+       AND starts_with(c, wanted || '=');
+    IF v IS NOT NULL THEN
+        RETURN v;
+    END IF;
+    IF has_function_privilege('pg_catalog.pg_show_all_file_settings()', 'EXECUTE') THEN
+        SELECT f.setting INTO v FROM pg_file_settings AS f
+         WHERE f.name = wanted AND f.error IS NULL ORDER BY f.seqno DESC LIMIT 1;
+    END IF;
+    RETURN v;
+END
+$$;
+
 -- An integer setting of the native library (src/guc.rs), read with current_setting(name,
--- true): the native default when unset. With seconds, the value may carry a unit as the
+-- true), dedup.retention with _portable_settled_retention: the native default when unset.
+-- With seconds, the value may carry a unit as the
 -- native setting's may ('7d', '30min', '90s', '500ms'; a bare number is seconds), rounded to
 -- whole seconds. A value the native library would refuse when it is set is refused here
 -- when it is read: 22023, with PostgreSQL's own message for a bad setting.
@@ -191,7 +224,8 @@ LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    raw text := current_setting(name, true);
+    raw text := CASE WHEN name = 'dedup.retention' THEN dedup._portable_settled_retention()
+                     ELSE current_setting(name, true) END;
     v   numeric;
 BEGIN
     IF raw IS NULL OR btrim(raw) = '' THEN

@@ -7,7 +7,8 @@
 -- Two passes never overlap: each takes a SHARE UPDATE EXCLUSIVE lock on
 -- dedup._prune_status, which conflicts with itself, so a second pass waits for the first
 -- to commit (the native function waits for its own lock the same way). The native lock is
--- one no SQL can take; this one is a table lock no role but the table's owner can take:
+-- one no SQL can take; this one is a table lock no role but the table's owner can take
+-- (a role can still make it wait in the lock queue, as for any table: docs/portable.md):
 -- LOCK TABLE, VACUUM, ANALYZE, CREATE INDEX and ALTER TABLE check their privileges before
 -- they lock, and what any role can lock without privileges (a PREPARE of a SELECT or an
 -- INSERT naming the table: ACCESS SHARE, ROW SHARE, ROW EXCLUSIVE) does not conflict with
