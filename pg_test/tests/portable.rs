@@ -57,17 +57,34 @@ fn main() -> ExitCode {
         .collect();
     cluster::stop_all_on_signal();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cases = [("pgtle", Edition::PgTle), ("plain", Edition::Plain)];
+    type Test<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+    let tests: Vec<(&str, Test)> = vec![
+        (
+            "portable::pgtle_to_native_keeps_every_row",
+            Box::new(|| case(&runtime, Edition::PgTle)),
+        ),
+        (
+            "portable::plain_to_native_keeps_every_row",
+            Box::new(|| case(&runtime, Edition::Plain)),
+        ),
+        (
+            "portable::hostile_roles_against_the_plain_edition",
+            Box::new(|| runtime.block_on(hostile_roles_against_the_plain_edition())),
+        ),
+        (
+            "portable::pg_cron_prunes_with_the_documented_schedule",
+            Box::new(|| pg_cron_case(&runtime)),
+        ),
+    ];
     let mut failed = Vec::new();
     let mut ran = 0;
-    for (name, edition) in cases {
-        let name = format!("portable::{name}_to_native_keeps_every_row");
+    for (name, test) in &tests {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
         ran += 1;
         let started = Instant::now();
-        match case(&runtime, edition) {
+        match test() {
             Ok(()) => println!(
                 "test {name} ... ok ({:.1}s)",
                 started.elapsed().as_secs_f64()
@@ -77,43 +94,7 @@ fn main() -> ExitCode {
                     "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
                     started.elapsed().as_secs_f64()
                 );
-                failed.push(name);
-            }
-        }
-    }
-    let name = "portable::hostile_roles_against_the_plain_edition".to_string();
-    if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
-        ran += 1;
-        let started = Instant::now();
-        match runtime.block_on(hostile_roles_against_the_plain_edition()) {
-            Ok(()) => println!(
-                "test {name} ... ok ({:.1}s)",
-                started.elapsed().as_secs_f64()
-            ),
-            Err(e) => {
-                println!(
-                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
-                    started.elapsed().as_secs_f64()
-                );
-                failed.push(name);
-            }
-        }
-    }
-    let name = "portable::pg_cron_prunes_with_the_documented_schedule".to_string();
-    if filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())) {
-        ran += 1;
-        let started = Instant::now();
-        match pg_cron_case(&runtime) {
-            Ok(()) => println!(
-                "test {name} ... ok ({:.1}s)",
-                started.elapsed().as_secs_f64()
-            ),
-            Err(e) => {
-                println!(
-                    "test {name} ... FAILED ({:.1}s)\n{e:#}\n",
-                    started.elapsed().as_secs_f64()
-                );
-                failed.push(name);
+                failed.push(*name);
             }
         }
     }
