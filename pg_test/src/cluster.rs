@@ -395,8 +395,7 @@ impl Cluster {
                 self.psql(dbname, "CREATE EXTENSION dedup")?;
             }
             Edition::PgTle => {
-                self.psql(dbname, "CREATE EXTENSION IF NOT EXISTS pg_tle")?;
-                self.psql_file(dbname, &portable_file("dedup.pgtle.sql"))?;
+                self.register_with_pgtle(dbname)?;
                 self.psql(dbname, "CREATE EXTENSION dedup")?;
             }
             Edition::Plain => {
@@ -413,12 +412,18 @@ impl Cluster {
         Ok(match edition() {
             Edition::Native => "CREATE EXTENSION dedup;".to_string(),
             Edition::PgTle => {
-                self.psql(dbname, "CREATE EXTENSION IF NOT EXISTS pg_tle")?;
-                self.psql_file(dbname, &portable_file("dedup.pgtle.sql"))?;
+                self.register_with_pgtle(dbname)?;
                 "CREATE EXTENSION dedup;".to_string()
             }
             Edition::Plain => std::fs::read_to_string(portable_file("dedup.plain.sql"))?,
         })
+    }
+
+    /// pg_tle in `dbname`, and dedup registered with it (the portable edition's script).
+    fn register_with_pgtle(&self, dbname: &str) -> Result<()> {
+        self.psql(dbname, "CREATE EXTENSION IF NOT EXISTS pg_tle")?;
+        self.psql_file(dbname, &portable_file("dedup.pgtle.sql"))?;
+        Ok(())
     }
 
     /// Run a file of SQL with psql, stopping at the first error.
