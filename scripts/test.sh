@@ -33,6 +33,7 @@ done
 cargo clippy -p dedup-pg-test --all-targets --quiet -- -D warnings
 cargo clippy -p dedup-example-consumer --all-targets --quiet -- -D warnings
 cargo build --quiet -p dedup-pg-test --bins --tests
+cargo test --quiet -p dedup-pg-test --lib   # the doctest parser (pg_test/src/doctest.rs)
 
 started=$(date +%s)
 for major in $majors; do

@@ -4,6 +4,7 @@
 pub mod children;
 pub mod citus;
 pub mod cluster;
+pub mod doctest;
 pub mod experiment;
 
 use anyhow::{bail, Result};

@@ -1,23 +1,33 @@
-//! The README stays true: every public function and setting in the catalog is documented
-//! in the README's reference, and everything the reference names exists.
+//! The docs stay true: every public function, view, table and setting in the catalog has
+//! its entry in docs/reference/ and nothing else does, the reference's examples print what
+//! it shows, every link resolves, CONTRIBUTING.md names every source file, the README stays
+//! a landing page and the CHANGELOG dates every released version.
 use crate::common::Ctx;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use dedup_pg_test::doctest;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read(rel: &str) -> Result<String> {
+    std::fs::read_to_string(root().join(rel)).with_context(|| rel.to_string())
+}
 
 fn section<'a>(readme: &'a str, marker: &str) -> Result<&'a str> {
     let start = format!("<!-- {marker} -->");
     let end = format!("<!-- /{marker} -->");
     let Some(s) = readme.find(&start) else {
-        bail!("README has no {start} section")
+        bail!("no {start} section")
     };
     let Some(e) = readme[s..].find(&end) else {
-        bail!("README has no {end}")
+        bail!("no {end}")
     };
     Ok(&readme[s + start.len()..s + e])
 }
-
 /// Every `dedup.name(...)` or `dedup.name` in backticks at the start of a table row.
 fn documented(section: &str) -> BTreeSet<String> {
     section
@@ -28,9 +38,9 @@ fn documented(section: &str) -> BTreeSet<String> {
         .collect()
 }
 
-pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()> {
-    let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))?;
+pub async fn reference_documents_every_object(_ctx: Ctx) -> Result<()> {
+    let index = read("docs/reference/README.md")?;
+    let settings_page = read("docs/reference/settings.md")?;
     // Preloaded: the settings only a preloaded library defines (dedup.stats_max) show too.
     let cluster = Cluster::start(Options::named("docs").set("shared_preload_libraries", "dedup"))?;
     cluster.create_db_with_extension("docs")?;
@@ -47,10 +57,10 @@ pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let in_readme = documented(section(&readme, "functions")?);
+    let in_readme = documented(section(&index, "functions").context("docs/reference/README.md")?);
     if functions != in_readme {
         bail!(
-            "README functions differ from the catalog\nnot documented: {:?}\ndocumented but missing: {:?}",
+            "docs/reference/README.md's functions differ from the catalog\nnot documented: {:?}\ndocumented but missing: {:?}",
             functions.difference(&in_readme).collect::<Vec<_>>(),
             in_readme.difference(&functions).collect::<Vec<_>>()
         );
@@ -70,10 +80,11 @@ pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()
     if settings.is_empty() {
         bail!("no dedup.* settings visible");
     }
-    let in_readme = documented(section(&readme, "settings")?);
+    let in_readme =
+        documented(section(&settings_page, "settings").context("docs/reference/settings.md")?);
     if settings != in_readme {
         bail!(
-            "README settings differ from pg_settings\nnot documented: {:?}\ndocumented but missing: {:?}",
+            "docs/reference/settings.md's settings differ from pg_settings\nnot documented: {:?}\ndocumented but missing: {:?}",
             settings.difference(&in_readme).collect::<Vec<_>>(),
             in_readme.difference(&settings).collect::<Vec<_>>()
         );
@@ -95,9 +106,74 @@ pub async fn readme_documents_every_function_and_setting(_ctx: Ctx) -> Result<()
             default
         };
         let want = format!("| `{name}` | `{default}` | {unit} | {context} |");
-        if !readme.lines().any(|l| l.starts_with(&want)) {
-            bail!("README has no settings row starting with {want}");
+        if !settings_page.lines().any(|l| l.starts_with(&want)) {
+            bail!("docs/reference/settings.md has no settings row starting with {want}");
         }
+    }
+
+    // One `## dedup.name` entry per function name, view and table (docs/reference/*.md but
+    // settings.md), and per setting (settings.md).
+    let objects: BTreeSet<String> = c
+        .query(
+            "SELECT DISTINCT 'dedup.' || p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'dedup' AND p.proname NOT LIKE '\\_%' \
+             UNION SELECT 'dedup.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = 'dedup' AND c.relkind IN ('r', 'p', 'v', 'm') AND c.relname NOT LIKE '\\_%'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut entries = BTreeSet::new();
+    let mut setting_entries = BTreeSet::new();
+    for file in doctest::reference_files()? {
+        let text = std::fs::read_to_string(&file)?;
+        let is_settings = file.file_name().is_some_and(|n| n == "settings.md");
+        for name in text.lines().filter_map(|l| l.strip_prefix("## dedup.")) {
+            let name = format!("dedup.{}", name.trim_end());
+            let set = if is_settings {
+                &mut setting_entries
+            } else {
+                &mut entries
+            };
+            if !set.insert(name.clone()) {
+                bail!("{}: a second entry for {name}", file.display());
+            }
+        }
+    }
+    if entries != objects {
+        bail!(
+            "docs/reference/ entries differ from the catalog's functions, views and tables\nno entry: {:?}\nan entry but not in the catalog: {:?}",
+            objects.difference(&entries).collect::<Vec<_>>(),
+            entries.difference(&objects).collect::<Vec<_>>()
+        );
+    }
+    if setting_entries != settings {
+        bail!(
+            "docs/reference/settings.md's entries differ from pg_settings\nno entry: {:?}\nan entry but no setting: {:?}",
+            settings.difference(&setting_entries).collect::<Vec<_>>(),
+            setting_entries.difference(&settings).collect::<Vec<_>>()
+        );
+    }
+    Ok(())
+}
+
+/// Every example of docs/reference/ prints, run against a real server, what the page shows
+/// (pg_test/src/doctest.rs says how they run; `cargo run -p dedup-pg-test --bin doctest`
+/// runs them alone, `--bless` writes psql's output into the pages).
+pub async fn reference_examples_run_as_shown(_ctx: Ctx) -> Result<()> {
+    let files = doctest::reference_files()?;
+    if files.len() < 7 {
+        bail!(
+            "docs/reference/ has {} pages, want the 7 of its index",
+            files.len() - 1
+        );
+    }
+    let cluster = doctest::start_cluster()?;
+    let report = doctest::check_files(&cluster, &files, false)?;
+    if !report.is_empty() {
+        bail!("{report}");
     }
     Ok(())
 }
@@ -122,6 +198,206 @@ pub async fn portable_differences_list_every_test_left_out(_ctx: Ctx) -> Result<
         bail!(
             "docs/portable.md's tests-not-run table: missing {missing:?}, not in the harness's lists {unknown:?}"
         );
+    }
+    Ok(())
+}
+
+/// The Markdown a reader follows: the README, CONTRIBUTING.md, the CHANGELOG and docs/.
+fn markdown_files() -> Result<Vec<String>> {
+    let mut files = vec![
+        "README.md".to_string(),
+        "CONTRIBUTING.md".into(),
+        "CHANGELOG.md".into(),
+    ];
+    let mut dirs = vec!["docs".to_string()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(root().join(&dir))? {
+            let e = e?;
+            let rel = format!("{dir}/{}", e.file_name().to_string_lossy());
+            if e.file_type()?.is_dir() {
+                dirs.push(rel);
+            } else if rel.ends_with(".md") {
+                files.push(rel);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// GitHub's anchor of a heading: lower case, spaces to `-`, other punctuation dropped; a
+/// repeated heading gets `-1`, `-2`, ...
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#').trim();
+        let slug: String = title
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                '-' | '_' => Some(c),
+                c if c.is_alphanumeric() => Some(c.to_lowercase().next().unwrap_or(c)),
+                _ => None,
+            })
+            .collect();
+        let n = seen.entry(slug.clone()).or_insert(0);
+        out.insert(if *n == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// Every relative link `](path)` or `](path#anchor)` or `](#anchor)` outside code blocks.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if !target.contains("://") && !target.starts_with("mailto:") {
+                out.push((i + 1, target.to_string()));
+            }
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// Every relative link of the README, CONTRIBUTING.md, the CHANGELOG and docs/ reaches a file
+/// of the repository, and every `#anchor` a heading of that file.
+pub async fn links_in_the_docs_resolve(_ctx: Ctx) -> Result<()> {
+    let mut broken = Vec::new();
+    for file in markdown_files()? {
+        let text = read(&file)?;
+        let dir = Path::new(&file)
+            .parent()
+            .unwrap_or(Path::new(""))
+            .to_path_buf();
+        for (line, target) in links(&text) {
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() {
+                PathBuf::from(&file)
+            } else {
+                dir.join(path)
+            };
+            let full = root().join(&resolved);
+            if !full.exists() {
+                broken.push(format!("{file}:{line}: {target}: no such file"));
+                continue;
+            }
+            if !anchor.is_empty() {
+                if resolved.extension().is_none_or(|x| x != "md") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&full)?;
+                if !anchors(&text).contains(anchor) {
+                    broken.push(format!("{file}:{line}: {target}: no such heading"));
+                }
+            }
+        }
+    }
+    if !broken.is_empty() {
+        bail!("broken links:\n{}", broken.join("\n"));
+    }
+    Ok(())
+}
+
+/// CONTRIBUTING.md's layout names every file of the extension and of its tests, by its path
+/// in backticks: a new file without a line there fails here.
+pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
+    let contributing = read("CONTRIBUTING.md")?;
+    let mut missing = Vec::new();
+    let mut dirs: Vec<String> = ["src", "sql", "pg_test/src", "pg_test/tests", "scripts"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(root().join(&dir))? {
+            let e = e?;
+            let rel = format!("{dir}/{}", e.file_name().to_string_lossy());
+            if e.file_type()?.is_dir() {
+                dirs.push(rel);
+            } else if !contributing.contains(&format!("`{rel}`")) {
+                missing.push(rel);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        bail!(
+            "CONTRIBUTING.md's layout does not name: {}",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The README is a landing page (issue 16: about 300 lines at most); the detail lives in docs/.
+pub async fn readme_stays_a_landing_page(_ctx: Ctx) -> Result<()> {
+    let lines = read("README.md")?.lines().count();
+    if lines > 300 {
+        bail!("README.md has {lines} lines; keep it to 300 and move the detail into docs/");
+    }
+    Ok(())
+}
+
+/// Every version of the CHANGELOG but the newest carries its release date, the newest its
+/// date or `(unreleased)`, and the newest is the version Cargo.toml builds.
+pub async fn changelog_dates_every_released_version(_ctx: Ctx) -> Result<()> {
+    let changelog = read("CHANGELOG.md")?;
+    let cargo = read("Cargo.toml")?;
+    let version = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .context("Cargo.toml: no version")?;
+    let headings: Vec<&str> = changelog.lines().filter(|l| l.starts_with("## ")).collect();
+    let Some(first) = headings.first() else {
+        bail!("CHANGELOG.md has no version")
+    };
+    if !first.starts_with(&format!("## {version} (")) {
+        bail!("CHANGELOG.md starts with {first:?}; Cargo.toml builds {version}");
+    }
+    for (i, h) in headings.iter().enumerate() {
+        let date = h
+            .rsplit_once('(')
+            .map(|(_, d)| d.trim_end_matches(')'))
+            .unwrap_or("");
+        let is_date = date.len() == 10
+            && date.bytes().enumerate().all(|(k, b)| {
+                if k == 4 || k == 7 {
+                    b == b'-'
+                } else {
+                    b.is_ascii_digit()
+                }
+            });
+        if !(is_date || (i == 0 && date == "unreleased")) {
+            bail!(
+                "CHANGELOG.md: {h:?} wants its release date (YYYY-MM-DD){}",
+                if i == 0 { " or (unreleased)" } else { "" }
+            );
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The client examples in examples/, each run as its own processes against the test server
-//! with a duplicated workload, and the README's snippets checked against them.
+//! with a duplicated workload, and the snippets of docs/clients.md checked against them.
 //!
 //! Per example: load examples/schema.sql, send each job once, twice or 3 times (copies a few
 //! messages apart), start 3 consumer processes, SIGKILL one of them mid-run, and wait for
@@ -105,7 +105,7 @@ const PYTHON: &str = "examples/python/.venv/bin/python";
 /// A binary of the workspace member `examples/rust`, named by the next argument.
 const RUST_BIN: &str = "<rust>";
 
-/// Every file whose `[readme:NAME]` regions the README may show: the files run above.
+/// Every file whose `[readme:NAME]` regions docs/clients.md may show: the files run above.
 const RUN_FILES: &[&str] = &[
     "examples/rust/src/main.rs",
     "examples/rust/src/lease.rs",
@@ -604,16 +604,17 @@ fn region(file: &str, text: &str, name: &str) -> Result<String> {
     Ok(lines[start + 1..start + 1 + len].join("\n"))
 }
 
-/// The README's "Use it from your language" section shows the examples' marked regions,
-/// character for character, and no other code; every region of every example is shown,
+/// docs/clients.md shows the examples' marked regions (`[readme:NAME]`, a name kept from when
+/// the README showed them), character for character, and no other code in its examples
+/// section; every region of every example is shown,
 /// and every example shows at least one.
-pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
-    let readme = std::fs::read_to_string(root().join("README.md"))?;
+pub async fn clients_guide_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
+    let readme = std::fs::read_to_string(root().join("docs/clients.md"))?;
     let (Some(s), Some(e)) = (
         readme.find("<!-- examples -->"),
         readme.find("<!-- /examples -->"),
     ) else {
-        bail!("README has no <!-- examples --> ... <!-- /examples --> section");
+        bail!("docs/clients.md has no <!-- examples --> ... <!-- /examples --> section");
     };
     let lines: Vec<&str> = readme[s..e].lines().collect();
     let mut shown = Vec::new();
@@ -623,24 +624,26 @@ pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
         if let Some(rest) = line.strip_prefix("<!-- snippet: ") {
             let target = rest.trim_end().trim_end_matches("-->").trim();
             let Some((file, name)) = target.split_once('#') else {
-                bail!("README: {line}: want <!-- snippet: PATH#NAME -->");
+                bail!("docs/clients.md: {line}: want <!-- snippet: PATH#NAME -->");
             };
             if !RUN_FILES.contains(&file) {
-                bail!("README shows {file}, which the tests do not run");
+                bail!("docs/clients.md shows {file}, which the tests do not run");
             }
             let Some(fence) = lines.get(i + 1).filter(|l| l.starts_with("```")) else {
-                bail!("README: {line} is not followed by a code block");
+                bail!("docs/clients.md: {line} is not followed by a code block");
             };
             let len = lines[i + 2..]
                 .iter()
                 .position(|l| l.starts_with("```"))
-                .with_context(|| format!("README: the code block after {line} is not closed"))?;
+                .with_context(|| {
+                    format!("docs/clients.md: the code block after {line} is not closed")
+                })?;
             let block = lines[i + 2..i + 2 + len].join("\n");
             let text = std::fs::read_to_string(root().join(file))?;
             let want = region(file, &text, name)?;
             if block != want {
                 bail!(
-                    "README's snippet {file}#{name} differs from the file; replace the block after \
+                    "docs/clients.md's snippet {file}#{name} differs from the file; replace the block after \
                      `{line}` (opened by {fence}) with:\n{want}"
                 );
             }
@@ -649,7 +652,7 @@ pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
             continue;
         }
         if line.starts_with("```") {
-            bail!("README's examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
+            bail!("docs/clients.md's examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
         }
         i += 1;
     }
@@ -664,14 +667,14 @@ pub async fn readme_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
                 .and_then(|r| r.strip_suffix(']'))
             {
                 if !shown.contains(&format!("{file}#{name}")) {
-                    bail!("{file} marks the region {name} for the README, which does not show it");
+                    bail!("{file} marks the region {name} for docs/clients.md, which does not show it");
                 }
             }
         }
     }
     for file in RUN_FILES {
         if !shown.iter().any(|s| s.starts_with(&format!("{file}#"))) {
-            bail!("README shows nothing of {file}");
+            bail!("docs/clients.md shows nothing of {file}");
         }
     }
     Ok(())
