@@ -1,4 +1,4 @@
-//! The short demonstration behind `make demo`: a throwaway server with the extension, two
+//! The short demonstration behind `make demo-sessions`: a throwaway server with the extension, two
 //! sessions handling two copies of one job at the same time, and a consumer that dies
 //! mid-transaction. Every server it starts is stopped at the end, also on Ctrl-C.
 use anyhow::{bail, Result};
