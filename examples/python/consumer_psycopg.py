@@ -44,8 +44,10 @@ def handle(conn: psycopg.Connection, job_id: str) -> bool:
                 raise
             stats["retried"] += 1
             time.sleep(0.01 * 2**attempt)
+# [/readme:python-psycopg]
 
 
+# [readme:python-psycopg-ack]
 def consume_batch(conn: psycopg.Connection, visibility_timeout_s: int) -> int:
     """Receive a batch; acknowledge each message only after its transaction committed."""
     batch = conn.execute(
@@ -62,7 +64,7 @@ def consume_batch(conn: psycopg.Connection, visibility_timeout_s: int) -> int:
         conn.execute("SELECT queue.ack(%s)", (msg_id,))
         stats["done" if fresh else "skipped"] += 1
     return len(batch)
-# [/readme:python-psycopg]
+# [/readme:python-psycopg-ack]
 
 
 def main() -> None:

@@ -604,57 +604,14 @@ fn region(file: &str, text: &str, name: &str) -> Result<String> {
     Ok(lines[start + 1..start + 1 + len].join("\n"))
 }
 
-/// docs/clients.md shows the examples' marked regions (`[readme:NAME]`, a name kept from when
-/// the README showed them), character for character, and no other code in its examples
-/// section; every region of every example is shown,
-/// and every example shows at least one.
+/// docs/clients.md and the README show the examples' marked regions (`[readme:NAME]`, a
+/// name kept from when the README showed them all), character for character, and no other
+/// code in their examples sections; every region of every example is shown, and every
+/// example shows at least one.
 pub async fn clients_guide_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<()> {
-    let readme = std::fs::read_to_string(root().join("docs/clients.md"))?;
-    let (Some(s), Some(e)) = (
-        readme.find("<!-- examples -->"),
-        readme.find("<!-- /examples -->"),
-    ) else {
-        bail!("docs/clients.md has no <!-- examples --> ... <!-- /examples --> section");
-    };
-    let lines: Vec<&str> = readme[s..e].lines().collect();
     let mut shown = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        if let Some(rest) = line.strip_prefix("<!-- snippet: ") {
-            let target = rest.trim_end().trim_end_matches("-->").trim();
-            let Some((file, name)) = target.split_once('#') else {
-                bail!("docs/clients.md: {line}: want <!-- snippet: PATH#NAME -->");
-            };
-            if !RUN_FILES.contains(&file) {
-                bail!("docs/clients.md shows {file}, which the tests do not run");
-            }
-            let Some(fence) = lines.get(i + 1).filter(|l| l.starts_with("```")) else {
-                bail!("docs/clients.md: {line} is not followed by a code block");
-            };
-            let len = lines[i + 2..]
-                .iter()
-                .position(|l| l.starts_with("```"))
-                .with_context(|| {
-                    format!("docs/clients.md: the code block after {line} is not closed")
-                })?;
-            let block = lines[i + 2..i + 2 + len].join("\n");
-            let text = std::fs::read_to_string(root().join(file))?;
-            let want = region(file, &text, name)?;
-            if block != want {
-                bail!(
-                    "docs/clients.md's snippet {file}#{name} differs from the file; replace the block after \
-                     `{line}` (opened by {fence}) with:\n{want}"
-                );
-            }
-            shown.push(format!("{file}#{name}"));
-            i += 2 + len + 1;
-            continue;
-        }
-        if line.starts_with("```") {
-            bail!("docs/clients.md's examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
-        }
-        i += 1;
+    for doc in ["docs/clients.md", "README.md"] {
+        shown.extend(snippets_shown(doc)?);
     }
     // Every region in the examples is shown.
     for file in RUN_FILES {
@@ -667,7 +624,7 @@ pub async fn clients_guide_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<(
                 .and_then(|r| r.strip_suffix(']'))
             {
                 if !shown.contains(&format!("{file}#{name}")) {
-                    bail!("{file} marks the region {name} for docs/clients.md, which does not show it");
+                    bail!("{file} marks the region {name} for the docs, which do not show it");
                 }
             }
         }
@@ -678,4 +635,55 @@ pub async fn clients_guide_shows_the_examples_as_they_run(_ctx: Ctx) -> Result<(
         }
     }
     Ok(())
+}
+
+/// The snippets of `doc`'s `<!-- examples -->` section, each checked against its file:
+/// `PATH#NAME` of each.
+fn snippets_shown(doc: &str) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(root().join(doc))?;
+    let (Some(s), Some(e)) = (
+        text.find("<!-- examples -->"),
+        text.find("<!-- /examples -->"),
+    ) else {
+        bail!("{doc} has no <!-- examples --> ... <!-- /examples --> section");
+    };
+    let lines: Vec<&str> = text[s..e].lines().collect();
+    let mut shown = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        if let Some(rest) = line.strip_prefix("<!-- snippet: ") {
+            let target = rest.trim_end().trim_end_matches("-->").trim();
+            let Some((file, name)) = target.split_once('#') else {
+                bail!("{doc}: {line}: want <!-- snippet: PATH#NAME -->");
+            };
+            if !RUN_FILES.contains(&file) {
+                bail!("{doc} shows {file}, which the tests do not run");
+            }
+            let Some(fence) = lines.get(i + 1).filter(|l| l.starts_with("```")) else {
+                bail!("{doc}: {line} is not followed by a code block");
+            };
+            let len = lines[i + 2..]
+                .iter()
+                .position(|l| l.starts_with("```"))
+                .with_context(|| format!("{doc}: the code block after {line} is not closed"))?;
+            let block = lines[i + 2..i + 2 + len].join("\n");
+            let source = std::fs::read_to_string(root().join(file))?;
+            let want = region(file, &source, name)?;
+            if block != want {
+                bail!(
+                    "{doc}'s snippet {file}#{name} differs from the file; replace the block after \
+                     `{line}` (opened by {fence}) with:\n{want}"
+                );
+            }
+            shown.push(format!("{file}#{name}"));
+            i += 2 + len + 1;
+            continue;
+        }
+        if line.starts_with("```") {
+            bail!("{doc}'s examples section has a code block that is not a marked snippet: {line} (line {i} of the section)");
+        }
+        i += 1;
+    }
+    Ok(shown)
 }
