@@ -86,6 +86,10 @@ DECLARE
     t     timestamptz;
 BEGIN
     PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
     d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
     IF d <= interval '0' THEN
         PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),

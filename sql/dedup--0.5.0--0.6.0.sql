@@ -208,6 +208,10 @@ DECLARE
     t     timestamptz;
 BEGIN
     PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
     d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
     IF d <= interval '0' THEN
         PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),
@@ -643,6 +647,57 @@ COMMENT ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) IS
 'dedup.forget for a bigint job id (its decimal text).';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) IS
 'dedup.forget for a uuid job id (its canonical text).';
+
+-- A NULL lease_id is named (22004) by release_lease too, as by complete and extend_lease,
+-- instead of reported as a lost lease; and a lease_id that is not the holder's is not
+-- reported as one that expired (found writing docs/reference/, issue 16).
+CREATE OR REPLACE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held dedup.processed;
+BEGIN
+    SELECT * INTO held FROM dedup.processed AS p WHERE p.job_id = _lease_lost.job_id AND p.scope = _lease_lost.scope;
+    RETURN dedup._raise('YD002',
+        format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
+            CASE
+                WHEN NOT FOUND THEN 'there is no lease on the job (released, or pruned)'
+                WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
+                    THEN 'the job is done, by another claim'
+                WHEN held.lease_id IS DISTINCT FROM lease_id
+                    THEN 'the job is leased under another lease_id (this one expired and another '
+                         'caller took the job over, or it is not the lease_id dedup.lease returned)'
+                ELSE 'the lease was completed already'
+            END),
+        'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
+        'the job''s idempotency key at the external system is what stops a repeat.');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION dedup.release_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    DELETE FROM dedup.processed AS p
+     WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
+       AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+    END IF;
+END
+$$;
 
 -- dedup 0.6.0: offsets per partition, and try_claim_many with fingerprints (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
 -- changes for an upgrade (a test compares the two catalogs).

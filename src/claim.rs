@@ -293,7 +293,7 @@ pub(crate) unsafe fn insert_claims(
     // open with RowExclusiveLock: `rel` points to its relcache entry, valid until the
     // table_close at the end of this function (or the transaction's abort).
     let rel = open_processed();
-    let layout = check_layout(rel);
+    let layout = check_layout(rel, func);
     if keys.iter().any(|(_, fp)| fp.is_some()) && layout == Layout::Claims {
         error::needs_update(func, "a payload fingerprint", "0.3.0");
     }
@@ -663,7 +663,7 @@ unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
 /// error::* raise ours as panics). Callers rely on the result: Layout::columns() is the
 /// relation's natts, and the relation is a heap table (heap_setscanlimits and the heap
 /// slot's system attributes depend on it).
-pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
+pub(crate) unsafe fn check_layout(rel: pg_sys::Relation, func: &str) -> Layout {
     // SAFETY: rd_rel is read before RelationGetPrimaryKeyIndex, which may build the index
     // list by catalog scans whose lock acquisition accepts invalidation messages, and a
     // rebuild of the entry replaces rd_rel (not rd_att while the descriptor is unchanged,
@@ -673,10 +673,10 @@ pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
     if (*form).relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
         || (*form).relam != pg_sys::HEAP_TABLE_AM_OID
     {
-        error::not_a_heap_table(FUNC);
+        error::not_a_heap_table(func);
     }
     if compat::primary_key(rel) == pg_sys::InvalidOid {
-        error::unexpected_layout(FUNC);
+        error::unexpected_layout(func);
     }
     let desc = (*rel).rd_att;
     let natts = (*desc).natts as usize;
@@ -688,7 +688,7 @@ pub(crate) unsafe fn check_layout(rel: pg_sys::Relation) -> Layout {
     match natts {
         3 if prefix_ok => Layout::Claims,
         7 if prefix_ok => Layout::Leases,
-        _ => error::unexpected_layout(FUNC),
+        _ => error::unexpected_layout(func),
     }
 }
 

@@ -28,6 +28,9 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
+        } else if arg == "fingerprints" {
+            "Pass one fingerprint per job id, in the same order (NULL for a job without one), or \
+             leave the argument out."
         } else {
             "A job without an id cannot be deduplicated: pass the message's unique id (a NULL \
              claim read as \"not claimed\" would skip the job)."
@@ -63,6 +66,8 @@ pub fn too_long(func: &str, arg: &str, len: usize, max: usize) -> ! {
         } else if arg == "fingerprint" {
             "Pass a hash of the payload, e.g. encode(sha256(convert_to(payload, 'UTF8')), 'hex'), \
              not the payload itself."
+        } else if arg == "stream" {
+            "Use a shorter stream name, e.g. the topic's or the queue's name."
         } else {
             "Claim a digest of a long key instead, e.g. encode(sha256(convert_to(key, 'UTF8')), 'hex'), \
              which is 64 bytes."
@@ -99,19 +104,38 @@ pub fn not_claimed_here(func: &str) -> ! {
 pub fn on_standby(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        format!("{func}: cannot claim on a standby server"),
-        "A claim is a write: connect the consumer to the primary, \
-         e.g. with target_session_attrs=read-write in its connection string.",
+        format!("{func}: cannot {} on a standby server", verb(func)),
+        if func == "dedup.prune" {
+            "Claims are pruned on the primary (by its worker, or dedup.prune() there); the \
+             deletions reach the standby by replication."
+        } else {
+            "A claim is a write: connect the consumer to the primary, \
+             e.g. with target_session_attrs=read-write in its connection string."
+        },
     )
 }
 
 pub fn read_only(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        format!("{func}: cannot claim in a read-only transaction"),
-        "Run the claim and its effect in a READ WRITE transaction \
-         (check default_transaction_read_only and SET TRANSACTION).",
+        format!("{func}: cannot {} in a read-only transaction", verb(func)),
+        if func == "dedup.prune" {
+            "Pruning deletes claims: call dedup.prune() in a READ WRITE transaction \
+             (check default_transaction_read_only and SET TRANSACTION)."
+        } else {
+            "Run the claim and its effect in a READ WRITE transaction \
+             (check default_transaction_read_only and SET TRANSACTION)."
+        },
     )
+}
+
+/// What `func` cannot do where writes are refused.
+fn verb(func: &str) -> &'static str {
+    if func == "dedup.prune" {
+        "prune"
+    } else {
+        "claim"
+    }
 }
 
 pub fn parallel_mode(func: &str) -> ! {
@@ -261,7 +285,10 @@ pub fn offsets_on_worker(func: &str) -> ! {
 pub fn lengths_differ(func: &str, ids: usize, fingerprints: usize) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        format!("{func}: fingerprints has {fingerprints} elements, job_ids {ids}"),
+        format!(
+            "{func}: fingerprints has {fingerprints} element{}, job_ids {ids}",
+            if fingerprints == 1 { "" } else { "s" }
+        ),
         "Pass one fingerprint per job id, in the same order (NULL for a job without one).",
     )
 }

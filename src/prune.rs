@@ -208,7 +208,7 @@ fn table_blocks(target: &Target) -> u32 {
         let Some(rel) = open_target(target) else {
             return 0;
         };
-        claim::check_layout(rel);
+        claim::check_layout(rel, FUNC);
         let n = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
         pg_sys::table_close(rel, pg_sys::NoLock as _);
         n
@@ -239,7 +239,7 @@ unsafe fn expired_in_range(
     // table_close calls below; check_layout verified it is a heap table, which
     // heap_setscanlimits below requires (it casts the scan to a HeapScanDesc).
     let rel = open_target(target)?;
-    let layout = claim::check_layout(rel);
+    let layout = claim::check_layout(rel, FUNC);
     let blocks = pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM);
     if start >= blocks {
         pg_sys::table_close(rel, pg_sys::NoLock as _);

@@ -73,15 +73,21 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A command that runs as the `postgres` system user when we are root.
+/// A command that runs as the `postgres` system user when we are root. Without
+/// `RUST_BACKTRACE`: with it in a server's environment, pgrx appends a Rust backtrace to the
+/// DETAIL of a PostgreSQL error raised inside dedup's functions (a unique violation of an
+/// index of one's own), which clients then see; the tests run servers as users should.
 pub fn as_server_user(program: impl AsRef<Path>) -> Command {
-    if is_root() {
+    let mut c = if is_root() {
         let mut c = Command::new("runuser");
         c.args(["-u", "postgres", "--"]).arg(program.as_ref());
         c
     } else {
         Command::new(program.as_ref())
-    }
+    };
+    c.env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    c
 }
 
 /// Run a command; its output, or an error with its output if it failed.

@@ -86,6 +86,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     dump_restore::dump_and_restore_keep_every_claim,
     errors::bad_input_over_the_wire,
     errors::warning_outside_a_transaction_block,
+    errors::each_error_names_what_is_at_fault,
     errors::standby_refuses_claims,
     errors::citus_functions_without_citus,
     lifecycle::extension_recreated_under_a_live_session,

@@ -38,6 +38,9 @@ BEGIN
                 'Omit the argument to use the scope ''default'', or pass a scope name.'
             WHEN arg = 'scope' THEN
                 'Pass a scope name; the scope of claims made without one is ''default''.'
+            WHEN arg = 'fingerprints' THEN
+                'Pass one fingerprint per job id, in the same order (NULL for a job without one), or '
+                'leave the argument out.'
             ELSE
                 'A job without an id cannot be deduplicated: pass the message''s unique id (a NULL '
                 'claim read as "not claimed" would skip the job).'
@@ -61,6 +64,7 @@ BEGIN
             WHEN 'fingerprint' THEN
                 'Pass a hash of the payload, e.g. encode(sha256(convert_to(payload, ''UTF8'')), ''hex''), '
                 'not the payload itself.'
+            WHEN 'stream' THEN 'Use a shorter stream name, e.g. the topic''s or the queue''s name.'
             ELSE
                 'Claim a digest of a long key instead, e.g. encode(sha256(convert_to(key, ''UTF8'')), ''hex''), '
                 'which is 64 bytes.'
@@ -77,14 +81,26 @@ BEGIN
                 'lease stores its result with dedup.complete.';
     WHEN 'on_standby' THEN
         code := '25006';
-        msg := format('%s: cannot claim on a standby server', func);
-        hint := 'A claim is a write: connect the consumer to the primary, '
-                'e.g. with target_session_attrs=read-write in its connection string.';
+        msg := format('%s: cannot %s on a standby server', func,
+                      CASE WHEN func = 'dedup.prune' THEN 'prune' ELSE 'claim' END);
+        hint := CASE WHEN func = 'dedup.prune' THEN
+                    'Claims are pruned on the primary (by its worker, or dedup.prune() there); the '
+                    'deletions reach the standby by replication.'
+                ELSE
+                    'A claim is a write: connect the consumer to the primary, '
+                    'e.g. with target_session_attrs=read-write in its connection string.'
+                END;
     WHEN 'read_only' THEN
         code := '25006';
-        msg := format('%s: cannot claim in a read-only transaction', func);
-        hint := 'Run the claim and its effect in a READ WRITE transaction '
-                '(check default_transaction_read_only and SET TRANSACTION).';
+        msg := format('%s: cannot %s in a read-only transaction', func,
+                      CASE WHEN func = 'dedup.prune' THEN 'prune' ELSE 'claim' END);
+        hint := CASE WHEN func = 'dedup.prune' THEN
+                    'Pruning deletes claims: call dedup.prune() in a READ WRITE transaction '
+                    '(check default_transaction_read_only and SET TRANSACTION).'
+                ELSE
+                    'Run the claim and its effect in a READ WRITE transaction '
+                    '(check default_transaction_read_only and SET TRANSACTION).'
+                END;
     WHEN 'serialization_failure' THEN
         code := '40001';
         msg := format('%s: could not serialize access due to a concurrent claim of the same job', func);
@@ -122,7 +138,8 @@ BEGIN
                 'which may be distributed tables).';
     WHEN 'lengths_differ' THEN
         code := '22023';
-        msg := format('%s: fingerprints has %s elements, job_ids %s', func, value2, value);
+        msg := format('%s: fingerprints has %s element%s, job_ids %s', func, value2,
+                      CASE WHEN value2 = '1' THEN '' ELSE 's' END, value);
         hint := 'Pass one fingerprint per job id, in the same order (NULL for a job without one).';
     END CASE;
     RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg, HINT = hint;

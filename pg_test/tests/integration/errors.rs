@@ -209,3 +209,112 @@ pub async fn citus_functions_without_citus(ctx: Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// Each error names what is at fault (found while writing docs/reference/, issue 16): a NULL
+/// lease_id is 22004 for every lease function, not a lost lease (YD002 "lease  on job");
+/// another holder's lease_id is not reported as an expired lease; dedup.prune in a
+/// read-only transaction says it cannot prune (not "claim"); a NULL fingerprints array and a
+/// long stream name get hints of their own, not the job id's; "1 element"; and a claim
+/// table altered by hand is reported by the function that found it.
+pub async fn each_error_names_what_is_at_fault(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    /// The error of `sql`, which must fail: (SQLSTATE, message, hint).
+    async fn error_of(c: &dedup_pg_test::Conn, sql: &str) -> Result<(String, String, String)> {
+        match c.batch_execute(sql).await {
+            Ok(()) => bail!("{sql}: succeeded"),
+            Err(e) => {
+                let db = e.as_db_error().with_context(|| format!("{sql}: {e}"))?;
+                Ok((
+                    db.code().code().to_string(),
+                    db.message().to_string(),
+                    db.hint().unwrap_or_default().to_string(),
+                ))
+            }
+        }
+    }
+    c.batch_execute("SELECT lease_id FROM dedup.lease('fault-1', 'faults', '1 hour')")
+        .await?;
+    for func in ["extend_lease", "release_lease", "complete"] {
+        let (code, msg, _) = error_of(
+            &c,
+            &format!("SELECT dedup.{func}('fault-1', NULL, scope => 'faults')"),
+        )
+        .await?;
+        ensure_eq(code.as_str(), "22004", func)?;
+        ensure_eq(
+            msg.as_str(),
+            format!("dedup.{func}: lease_id must not be NULL").as_str(),
+            func,
+        )?;
+    }
+    // A lease_id that is not the live holder's.
+    let (code, msg, _) = error_of(
+        &c,
+        "SELECT dedup.complete('fault-1', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', NULL, 'faults')",
+    )
+    .await?;
+    ensure_eq(code.as_str(), "YD002", "complete with another lease_id")?;
+    if msg.contains("it expired and another caller took the job over") {
+        bail!("another holder's live lease reported as an expired one: {msg}");
+    }
+    c.batch_execute("BEGIN READ ONLY").await?;
+    let (code, msg, hint) = error_of(&c, "SELECT dedup.prune()").await?;
+    c.batch_execute("ROLLBACK").await?;
+    ensure_eq(code.as_str(), "25006", "prune, read only")?;
+    ensure_eq(
+        msg.as_str(),
+        "dedup.prune: cannot prune in a read-only transaction",
+        "prune, read only",
+    )?;
+    if hint.contains("claim and its effect") {
+        bail!("prune's read-only hint speaks of claims: {hint}");
+    }
+    let (code, _, hint) = error_of(
+        &c,
+        "SELECT dedup.try_claim_many(ARRAY['a'], 'faults', NULL::text[])",
+    )
+    .await?;
+    ensure_eq(code.as_str(), "22004", "NULL fingerprints")?;
+    if !hint.contains("fingerprint") {
+        bail!("a NULL fingerprints array gets the hint {hint:?}");
+    }
+    let (code, _, hint) = error_of(
+        &c,
+        &format!("SELECT dedup.advance('{}', 0, 1)", "s".repeat(129)),
+    )
+    .await?;
+    ensure_eq(code.as_str(), "22001", "long stream")?;
+    if !hint.contains("stream") || hint.contains("digest") {
+        bail!("a long stream name gets the hint {hint:?}");
+    }
+    let (_, msg, _) = error_of(
+        &c,
+        "SELECT dedup.try_claim_many(ARRAY['a', 'b'], 'faults', ARRAY['f'])",
+    )
+    .await?;
+    ensure_eq(
+        msg.as_str(),
+        "dedup.try_claim_many: fingerprints has 1 element, job_ids 2",
+        "lengths",
+    )?;
+    // The portable edition gets PostgreSQL's own errors for an altered table (docs/portable.md).
+    if dedup_pg_test::cluster::edition() == dedup_pg_test::cluster::Edition::Native {
+        for (sql, func) in [
+            ("SELECT dedup.prune()", "dedup.prune"),
+            (
+                "SELECT dedup.try_claim_many(ARRAY['a'], 'faults')",
+                "dedup.try_claim_many",
+            ),
+        ] {
+            c.batch_execute("BEGIN; ALTER TABLE dedup.processed ADD COLUMN extra int")
+                .await?;
+            let (code, msg, _) = error_of(&c, sql).await?;
+            c.batch_execute("ROLLBACK").await?;
+            ensure_eq(code.as_str(), "55000", sql)?;
+            if !msg.starts_with(&format!("{func}: ")) {
+                bail!("{sql} on an altered table: {msg}");
+            }
+        }
+    }
+    Ok(())
+}
