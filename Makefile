@@ -10,7 +10,7 @@ demo-sessions:  ## build and install the extension, show two sessions racing for
 test:  ## set up everything and pass every test, on every major (PG=17 for one)
 	PG="$(PG)" bash scripts/test.sh
 
-bench:  ## the pgbench comparison of the README (release build, several minutes)
+bench:  ## the pgbench comparison of docs/performance.md (release build, several minutes)
 	PG="$(PG)" bash scripts/bench.sh
 
 bench-citus:  ## the Citus comparison of docs/citus.md: a coordinator and two workers (release build, about 5 minutes)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The README's pgbench comparison for the portable edition (issue 17): the hand-written
+# The pgbench comparison (docs/performance.md) for the portable edition (issue 17): the hand-written
 # claim against dedup.try_claim(bigint), native and portable, on ONE throwaway server of a
 # PostgreSQL tree where the native dedup (a release build) is installed:
 #   database nat:   CREATE EXTENSION dedup (dedup.so)
 #   database port:  the portable edition's plain script (docs/portable.md), no extension
-# The transactions are the README's (bench/*.sql: a claim plus its effect, random 63-bit
+# The transactions are those of make bench (bench/*.sql: a claim plus its effect, random 63-bit
 # job ids, pgbench -M prepared):
 #   (b) bench/b_handwritten.sql in port       the guide's hand-written claim
 #   (c) bench/c_try_claim_bigint.sql in nat    native try_claim(bigint)
@@ -14,7 +14,7 @@
 #    every run starts from empty tables after a CHECKPOINT. Ratios c/b and p/b of claims
 #    per second: the sum of a variant's tps over all rounds over the sum of b's, and per
 #    pair of rounds.
-# 2. Side by side (bench/mixed.sh, the README's method): b and p in one pgbench run in port,
+# 2. Side by side (bench/mixed.sh, the method of docs/performance.md): b and p in one pgbench run in port,
 #    b and c in one run in nat; latency(b) / latency(x) per round, median.
 #
 # Usage:
@@ -31,7 +31,7 @@
 #   ROUNDS (4)       alternated rounds per synchronous_commit mode (even: whole ABBA pairs)
 #   MIXED_ROUNDS (3) side-by-side rounds per database and mode; 0 leaves them out
 #   PRELOAD (1)      shared_preload_libraries = dedup and dedup.prune_interval = 0, as the
-#                    README's runs (the native claims count into dedup.stats); 0: not loaded
+#                    runs of docs/performance.md (the native claims count into dedup.stats); 0: not loaded
 #                    (nat's backends load dedup.so on first use, port's never)
 #   OUT              results file, appended (default bench/results/<commit>-portable.txt,
 #                    <commit> being HEAD's; /dev/null keeps nothing); the summary is printed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The retention benchmark (README, "Retention"), inside a server started by
+# The retention benchmark (docs/retention.md, "How a pass works"), inside a server started by
 # `with-server --conf shared_preload_libraries=dedup --conf dedup.prune_interval=0 --db bench`:
 #   for each pause between the worker's batches in DELAYS (dedup.prune_batch_delay, ms;
 #   default "0 20 50"): load EXPIRED expired claims (default 10M) and LIVE live ones (1M);

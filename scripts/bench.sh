@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: the pgbench comparison of the README, on a release build in a throwaway
+# `make bench`: the pgbench comparison of docs/performance.md, on a release build in a throwaway
 # server of the project's own tree. Settings come from the environment (see
 # bench/pgbench.sh); results are appended to bench/results/<commit>.txt (one major) or
 # bench/results/<commit>-pg<N>.txt (several) and summarised.

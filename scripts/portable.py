@@ -1397,7 +1397,7 @@ BEGIN
             MESSAGE = pg_catalog.format('dedup.to-native.sql: dedup''s objects have a new owner: %s', lost),
             DETAIL = 'The native extension''s objects belong to the role that created it; the former owner had every '
                      'privilege on them as their owner, and has now only what is granted to it.',
-            HINT = pg_catalog.format('Grant %s what it uses (README: Security model), e.g. '
+            HINT = pg_catalog.format('Grant %s what it uses (docs/operations.md: Security model), e.g. '
                                      'GRANT EXECUTE ON FUNCTION dedup.prune(text, bigint) TO %s.', former, former);
     END IF;
 

@@ -1,7 +1,7 @@
 //! Retention: deleting claims older than their scope's retention, in short batches.
 //!
 //! The claim table has no index on time: one would cost every claim about 7% more
-//! instructions (README, "Retention"). A pass sweeps the table instead. Each batch reads a
+//! instructions (docs/retention.md, "How a pass works"). A pass sweeps the table instead. Each batch reads a
 //! range of [`BLOCKS_PER_BATCH`] blocks through a bulk-read buffer ring (as VACUUM and large
 //! sequential scans do, so a pass does not push the working set out of shared_buffers),
 //! collects the expired claims it sees, at most `dedup.prune_batch_size`, and deletes them

@@ -44,7 +44,7 @@ pub struct Config {
     /// Runs of each strategy with and without a crash (the guide: two crash runs).
     pub runs: u32,
     /// The handler's simulated work before its effect row (the guide does not say; see
-    /// the README).
+    /// docs/experiment.md).
     #[serde(serialize_with = "ser_ms")]
     pub work: Duration,
     /// Messages idle this long are reclaimed with XAUTOCLAIM (the guide: 2 s).

@@ -307,9 +307,9 @@ pub async fn worker_runs_no_code_a_database_owner_wrote(_ctx: Ctx) -> Result<()>
     Ok(())
 }
 
-/// Issue 11, finding 5: the whole API as a role holding exactly the grants the README
-/// gives (none for claims, leases and results; `pg_monitor` for the counters), with every
-/// error raised with its own SQLSTATE, not `42501`.
+/// Issue 11, finding 5: the whole API as a role holding exactly the grants the docs give
+/// (docs/operations.md, "Security model": none for claims, leases and results; `pg_monitor`
+/// for the counters), with every error raised with its own SQLSTATE, not `42501`.
 pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result<()> {
     let (role, w) = crate::common::unprivileged(&ctx, "app", "GRANT pg_monitor TO {role};").await?;
     w.batch_execute("SET dedup.warn_outside_transaction = off")

@@ -518,7 +518,7 @@ pub async fn drop_database_during_a_pass(_ctx: Ctx) -> Result<()> {
 }
 
 /// `dedup.prune_role` set to a role that is not a superuser, holding exactly the grants the
-/// README lists: the worker prunes with them.
+/// docs (docs/retention.md, "The background worker") list: the worker prunes with them.
 pub async fn prune_role_with_the_documented_grants(_ctx: Ctx) -> Result<()> {
     let cluster = start(preloaded("worker-role").set("dedup.prune_role", "pruner")).await?;
     let admin = connect(&cluster.dsn("postgres")).await?;
