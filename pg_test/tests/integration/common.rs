@@ -53,8 +53,9 @@ pub fn ensure_eq<T: PartialEq + std::fmt::Debug>(got: T, want: T, what: &str) ->
 }
 
 /// Create a role holding exactly the grants the docs (docs/operations.md, "Security model")
-/// tell users to give an API caller (`LOGIN`, nothing else: the claim, lease and result functions are `PUBLIC`), then run
-/// `grants` (each `{role}` replaced by its name) as a superuser, and connect as it.
+/// tell users to give an API caller (`LOGIN`, nothing else: the claim, lease and result
+/// functions are `PUBLIC`), then run `grants` (each `{role}` replaced by its name) as a
+/// superuser, and connect as it.
 pub async fn unprivileged(ctx: &Ctx, name: &str, grants: &str) -> Result<(String, Conn)> {
     let role = format!("{name}_{}", ctx.db);
     let admin = ctx.connect().await?;
