@@ -650,7 +650,8 @@ COMMENT ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) IS
 
 -- A NULL lease_id is named (22004) by release_lease too, as by complete and extend_lease,
 -- instead of reported as a lost lease; and a lease_id that is not the holder's is not
--- reported as one that expired (found writing docs/reference/, issue 16).
+-- reported as one that expired, and a job never leased says so (found writing
+-- docs/reference/, issue 16).
 CREATE OR REPLACE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -663,7 +664,7 @@ BEGIN
     RETURN dedup._raise('YD002',
         format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
             CASE
-                WHEN NOT FOUND THEN 'there is no lease on the job (released, or pruned)'
+                WHEN NOT FOUND THEN 'there is no lease on the job (never leased, released, or pruned)'
                 WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
                     THEN 'the job is done, by another claim'
                 WHEN held.lease_id IS DISTINCT FROM lease_id

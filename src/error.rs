@@ -108,6 +108,9 @@ pub fn on_standby(func: &str) -> ! {
         if func == "dedup.prune" {
             "Claims are pruned on the primary (by its worker, or dedup.prune() there); the \
              deletions reach the standby by replication."
+        } else if func == "dedup.advance" {
+            "Raising a mark is a write: connect the consumer to the primary, \
+             e.g. with target_session_attrs=read-write in its connection string."
         } else {
             "A claim is a write: connect the consumer to the primary, \
              e.g. with target_session_attrs=read-write in its connection string."
@@ -122,6 +125,9 @@ pub fn read_only(func: &str) -> ! {
         if func == "dedup.prune" {
             "Pruning deletes claims: call dedup.prune() in a READ WRITE transaction \
              (check default_transaction_read_only and SET TRANSACTION)."
+        } else if func == "dedup.advance" {
+            "Run dedup.advance and the batch's effects in a READ WRITE transaction \
+             (check default_transaction_read_only and SET TRANSACTION)."
         } else {
             "Run the claim and its effect in a READ WRITE transaction \
              (check default_transaction_read_only and SET TRANSACTION)."
@@ -131,10 +137,10 @@ pub fn read_only(func: &str) -> ! {
 
 /// What `func` cannot do where writes are refused.
 fn verb(func: &str) -> &'static str {
-    if func == "dedup.prune" {
-        "prune"
-    } else {
-        "claim"
+    match func {
+        "dedup.prune" => "prune",
+        "dedup.advance" => "advance",
+        _ => "claim",
     }
 }
 

@@ -103,6 +103,8 @@ fn set_result(
     .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
 }
 
+const FUNC_RESULT: &str = "dedup.claim_result";
+
 /// `dedup._claim_result(job_id, scope)`: the row behind `dedup.claim_result`, which calls it
 /// as the extension's owner (SECURITY DEFINER). On Citus the SELECT runs as the caller
 /// instead, over the connection the caller's claim used (Citus refuses to read a shard
@@ -118,6 +120,10 @@ pub(crate) fn claim_result_row(
         name!(claimed_at, Option<pgrx::datum::TimestampWithTimeZone>),
     ),
 > {
+    // NULL is an error, not "no result": a caller reading no row as "not done" would do the
+    // job again.
+    let job_id = Some(job_id.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "job_id")));
+    let scope = Some(scope.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "scope")));
     let query = "SELECT p.result, p.processed_at FROM dedup.processed AS p \
                   WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
                     AND p.lease_expires_at IS NULL";

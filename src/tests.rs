@@ -564,7 +564,7 @@ mod tests {
             let (_, message, _) =
                 error_of(&format!("SELECT dedup.{f}('mail-2', '{id}')")).expect("no error");
             assert!(
-                message.contains("it expired and another caller took the job over"),
+                message.contains("the job is leased under another lease_id"),
                 "{f}: {message}"
             );
         }

@@ -128,6 +128,12 @@ RETURNS TABLE (result pg_catalog.jsonb, claimed_at pg_catalog.timestamptz)
 LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
 AS $$
 BEGIN
+    IF job_id IS NULL THEN
+        PERFORM dedup._portable_error('null', 'dedup.claim_result', 'job_id');
+    END IF;
+    IF scope IS NULL THEN
+        PERFORM dedup._portable_error('null', 'dedup.claim_result', 'scope');
+    END IF;
     RETURN QUERY
         SELECT p.result, p.processed_at FROM dedup.processed AS p
          WHERE p.job_id OPERATOR(pg_catalog.=) _claim_result.job_id

@@ -82,10 +82,13 @@ BEGIN
     WHEN 'on_standby' THEN
         code := '25006';
         msg := format('%s: cannot %s on a standby server', func,
-                      CASE WHEN func = 'dedup.prune' THEN 'prune' ELSE 'claim' END);
+                      CASE func WHEN 'dedup.prune' THEN 'prune' WHEN 'dedup.advance' THEN 'advance' ELSE 'claim' END);
         hint := CASE WHEN func = 'dedup.prune' THEN
                     'Claims are pruned on the primary (by its worker, or dedup.prune() there); the '
                     'deletions reach the standby by replication.'
+                WHEN func = 'dedup.advance' THEN
+                    'Raising a mark is a write: connect the consumer to the primary, '
+                    'e.g. with target_session_attrs=read-write in its connection string.'
                 ELSE
                     'A claim is a write: connect the consumer to the primary, '
                     'e.g. with target_session_attrs=read-write in its connection string.'
@@ -93,9 +96,12 @@ BEGIN
     WHEN 'read_only' THEN
         code := '25006';
         msg := format('%s: cannot %s in a read-only transaction', func,
-                      CASE WHEN func = 'dedup.prune' THEN 'prune' ELSE 'claim' END);
+                      CASE func WHEN 'dedup.prune' THEN 'prune' WHEN 'dedup.advance' THEN 'advance' ELSE 'claim' END);
         hint := CASE WHEN func = 'dedup.prune' THEN
                     'Pruning deletes claims: call dedup.prune() in a READ WRITE transaction '
+                    '(check default_transaction_read_only and SET TRANSACTION).'
+                WHEN func = 'dedup.advance' THEN
+                    'Run dedup.advance and the batch''s effects in a READ WRITE transaction '
                     '(check default_transaction_read_only and SET TRANSACTION).'
                 ELSE
                     'Run the claim and its effect in a READ WRITE transaction '

@@ -212,8 +212,9 @@ pub async fn citus_functions_without_citus(ctx: Ctx) -> Result<()> {
 
 /// Each error names what is at fault (found while writing docs/reference/, issue 16): a NULL
 /// lease_id is 22004 for every lease function, not a lost lease (YD002 "lease  on job");
-/// another holder's lease_id is not reported as an expired lease; dedup.prune in a
-/// read-only transaction says it cannot prune (not "claim"); a NULL fingerprints array and a
+/// another holder's lease_id is not reported as an expired lease, nor a job never leased as
+/// released; dedup.prune and dedup.advance in a read-only transaction say they cannot prune
+/// or advance (not "claim"); claim_result of a NULL job id is 22004, not "no result"; a NULL fingerprints array and a
 /// long stream name get hints of their own, not the job id's; "1 element"; and a claim
 /// table altered by hand is reported by the function that found it.
 pub async fn each_error_names_what_is_at_fault(ctx: Ctx) -> Result<()> {
@@ -268,6 +269,32 @@ pub async fn each_error_names_what_is_at_fault(ctx: Ctx) -> Result<()> {
     )?;
     if hint.contains("claim and its effect") {
         bail!("prune's read-only hint speaks of claims: {hint}");
+    }
+    c.batch_execute("BEGIN READ ONLY").await?;
+    let (code, msg, _) = error_of(&c, "SELECT dedup.advance('faults', 0, 1)").await?;
+    c.batch_execute("ROLLBACK").await?;
+    ensure_eq(code.as_str(), "25006", "advance, read only")?;
+    ensure_eq(
+        msg.as_str(),
+        "dedup.advance: cannot advance in a read-only transaction",
+        "advance, read only",
+    )?;
+    // A NULL job id is an error, not "no result" (which reads as "not done").
+    for sql in [
+        "SELECT * FROM dedup.claim_result(NULL)",
+        "SELECT * FROM dedup.claim_result('fault-1', NULL)",
+    ] {
+        let (code, _, _) = error_of(&c, sql).await?;
+        ensure_eq(code.as_str(), "22004", sql)?;
+    }
+    let (code, msg, _) = error_of(
+        &c,
+        "SELECT dedup.complete('never-leased', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', NULL, 'faults')",
+    )
+    .await?;
+    ensure_eq(code.as_str(), "YD002", "complete of a job never leased")?;
+    if !msg.contains("never leased") {
+        bail!("a job never leased: {msg}");
     }
     let (code, _, hint) = error_of(
         &c,
