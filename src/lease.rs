@@ -122,8 +122,8 @@ pub(crate) fn claim_result_row(
 > {
     // NULL is an error, not "no result": a caller reading no row as "not done" would do the
     // job again.
-    let job_id = Some(job_id.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "job_id")));
-    let scope = Some(scope.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "scope")));
+    let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "job_id"));
+    let scope = scope.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "scope"));
     let query = "SELECT p.result, p.processed_at FROM dedup.processed AS p \
                   WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
                     AND p.lease_expires_at IS NULL";
@@ -139,7 +139,7 @@ pub(crate) fn claim_result_row(
     };
     let rows = if citus::routes_claims() {
         // As the role that claimed the job in this transaction, if one did; else the caller.
-        let claimer = citus::claimed_here(scope.unwrap_or_default(), job_id.unwrap_or_default());
+        let claimer = citus::claimed_here(scope, job_id);
         citus::as_caller(claimer, read)
     } else {
         read()
