@@ -102,45 +102,57 @@ pub fn not_claimed_here(func: &str) -> ! {
 }
 
 pub fn on_standby(func: &str) -> ! {
+    let refused = WriteRefused::of(func);
     raise(
         PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        format!("{func}: cannot {} on a standby server", verb(func)),
-        if func == "dedup.prune" {
-            "Claims are pruned on the primary (by its worker, or dedup.prune() there); the \
-             deletions reach the standby by replication."
-        } else if func == "dedup.advance" {
-            "Raising a mark is a write: connect the consumer to the primary, \
-             e.g. with target_session_attrs=read-write in its connection string."
-        } else {
-            "A claim is a write: connect the consumer to the primary, \
-             e.g. with target_session_attrs=read-write in its connection string."
-        },
+        format!("{func}: cannot {} on a standby server", refused.verb),
+        refused.standby_hint,
     )
 }
 
 pub fn read_only(func: &str) -> ! {
+    let refused = WriteRefused::of(func);
     raise(
         PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        format!("{func}: cannot {} in a read-only transaction", verb(func)),
-        if func == "dedup.prune" {
-            "Pruning deletes claims: call dedup.prune() in a READ WRITE transaction \
-             (check default_transaction_read_only and SET TRANSACTION)."
-        } else if func == "dedup.advance" {
-            "Run dedup.advance and the batch's effects in a READ WRITE transaction \
-             (check default_transaction_read_only and SET TRANSACTION)."
-        } else {
-            "Run the claim and its effect in a READ WRITE transaction \
-             (check default_transaction_read_only and SET TRANSACTION)."
-        },
+        format!("{func}: cannot {} in a read-only transaction", refused.verb),
+        refused.read_only_hint,
     )
 }
 
-/// What `func` cannot do where writes are refused.
-fn verb(func: &str) -> &'static str {
-    match func {
-        "dedup.prune" => "prune",
-        "dedup.advance" => "advance",
-        _ => "claim",
+/// What `func` cannot do where writes are refused, and what to do instead.
+struct WriteRefused {
+    verb: &'static str,
+    read_only_hint: &'static str,
+    standby_hint: &'static str,
+}
+
+impl WriteRefused {
+    fn of(func: &str) -> Self {
+        match func {
+            "dedup.prune" => WriteRefused {
+                verb: "prune",
+                read_only_hint: "Pruning deletes claims: call dedup.prune() in a READ WRITE \
+                                 transaction (check default_transaction_read_only and SET \
+                                 TRANSACTION).",
+                standby_hint: "Claims are pruned on the primary (by its worker, or dedup.prune() \
+                               there); the deletions reach the standby by replication.",
+            },
+            "dedup.advance" => WriteRefused {
+                verb: "advance",
+                read_only_hint: "Run dedup.advance and the batch's effects in a READ WRITE \
+                                 transaction (check default_transaction_read_only and SET \
+                                 TRANSACTION).",
+                standby_hint: "Raising a mark is a write: connect the consumer to the primary, \
+                               e.g. with target_session_attrs=read-write in its connection string.",
+            },
+            _ => WriteRefused {
+                verb: "claim",
+                read_only_hint: "Run the claim and its effect in a READ WRITE transaction \
+                                 (check default_transaction_read_only and SET TRANSACTION).",
+                standby_hint: "A claim is a write: connect the consumer to the primary, \
+                               e.g. with target_session_attrs=read-write in its connection string.",
+            },
+        }
     }
 }
 

@@ -1,13 +1,13 @@
 //! Retention: deleting claims older than their scope's retention, in short batches.
 //!
-//! The claim table has no index on time: one would cost every claim about 7% more
-//! instructions (docs/retention.md, "How a pass works"). A pass sweeps the table instead. Each batch reads a
+//! The claim table has no index on time: one would cost every claim about 7% more instructions
+//! (docs/retention.md, "How a pass works"). A pass sweeps the table instead. Each batch reads a
 //! range of [`BLOCKS_PER_BATCH`] blocks through a bulk-read buffer ring (as VACUUM and large
 //! sequential scans do, so a pass does not push the working set out of shared_buffers),
-//! collects the expired claims it sees, at most `dedup.prune_batch_size`, and deletes them
-//! by TID with a DELETE that checks their age again and skips rows other transactions have
-//! locked. The background worker commits every batch; `dedup.prune()` runs its batches
-//! inside the caller's transaction. A pass holds the prune lock, which no SQL can take.
+//! collects the expired claims it sees, at most `dedup.prune_batch_size`, and deletes them by
+//! TID with a DELETE that checks their age again and skips rows other transactions have locked.
+//! The background worker commits every batch; `dedup.prune()` runs its batches inside the
+//! caller's transaction. A pass holds the prune lock, which no SQL can take.
 //!
 //! Concurrent claims are never blocked by a prune except for the key being deleted: a
 //! claim of a key whose old row a batch is deleting waits for that batch to commit, then
