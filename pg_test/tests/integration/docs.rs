@@ -202,6 +202,25 @@ pub async fn portable_differences_list_every_test_left_out(_ctx: Ctx) -> Result<
     Ok(())
 }
 
+/// Every file under the repository's directories `dirs`, by its path from the root, sorted.
+fn files_under(dirs: &[&str]) -> Result<Vec<String>> {
+    let mut dirs: Vec<String> = dirs.iter().map(|d| d.to_string()).collect();
+    let mut files = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(root().join(&dir))? {
+            let e = e?;
+            let rel = format!("{dir}/{}", e.file_name().to_string_lossy());
+            if e.file_type()?.is_dir() {
+                dirs.push(rel);
+            } else {
+                files.push(rel);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 /// The Markdown a reader follows: the README, CONTRIBUTING.md, the CHANGELOG and docs/.
 fn markdown_files() -> Result<Vec<String>> {
     let mut files = vec![
@@ -209,19 +228,11 @@ fn markdown_files() -> Result<Vec<String>> {
         "CONTRIBUTING.md".into(),
         "CHANGELOG.md".into(),
     ];
-    let mut dirs = vec!["docs".to_string()];
-    while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(root().join(&dir))? {
-            let e = e?;
-            let rel = format!("{dir}/{}", e.file_name().to_string_lossy());
-            if e.file_type()?.is_dir() {
-                dirs.push(rel);
-            } else if rel.ends_with(".md") {
-                files.push(rel);
-            }
-        }
-    }
-    files.sort();
+    files.extend(
+        files_under(&["docs"])?
+            .into_iter()
+            .filter(|f| f.ends_with(".md")),
+    );
     Ok(files)
 }
 
@@ -327,24 +338,12 @@ pub async fn links_in_the_docs_resolve(_ctx: Ctx) -> Result<()> {
 /// in backticks: a new file without a line there fails here.
 pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
     let contributing = read("CONTRIBUTING.md")?;
-    let mut missing = Vec::new();
-    let mut dirs: Vec<String> = ["src", "sql", "pg_test/src", "pg_test/tests", "scripts"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    while let Some(dir) = dirs.pop() {
-        for e in std::fs::read_dir(root().join(&dir))? {
-            let e = e?;
-            let rel = format!("{dir}/{}", e.file_name().to_string_lossy());
-            if e.file_type()?.is_dir() {
-                dirs.push(rel);
-            } else if !contributing.contains(&format!("`{rel}`")) {
-                missing.push(rel);
-            }
-        }
-    }
+    let missing: Vec<String> =
+        files_under(&["src", "sql", "pg_test/src", "pg_test/tests", "scripts"])?
+            .into_iter()
+            .filter(|f| !contributing.contains(&format!("`{f}`")))
+            .collect();
     if !missing.is_empty() {
-        missing.sort();
         bail!(
             "CONTRIBUTING.md's layout does not name: {}",
             missing.join(", ")
