@@ -4,16 +4,17 @@
 # major Citus supports (CITUS_MAJORS in scripts/pg.sh: 16, 17, 18) and records what it
 # built there, so a re-run takes a second. `scripts/citus.sh 17` builds for one major.
 #
-# The source cannot be downloaded here (no internet beyond the package registries): it is
-# read from DEDUP_CITUS_TARBALL, default ../shared/vendor/citus-14.0.1.tar.gz beside the
-# repository, and checked against its sha256.
+# The source is vendored (pg_test/vendor/, with its licence): the project's machines reach no
+# download site beyond the package registries. It is checked against its sha256 in
+# pg_test/vendor/SHA256SUMS. The build is recorded in each tree, so a new DEDUP_PG_ROOT
+# builds it again.
 set -euo pipefail
 source "$(dirname "$0")/pg.sh"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 CITUS_VERSION=14.0.1
-CITUS_SHA256=26ddb8ec9de07c5fa8426e435d10936e5cd6bed01a5ad94aab92e818081e5ec9
-tarball=${DEDUP_CITUS_TARBALL:-$ROOT/../shared/vendor/citus-$CITUS_VERSION.tar.gz}
+source "$ROOT/scripts/vendor.sh"
+CITUS_SHA256=$(vendored_sha256 "citus-$CITUS_VERSION.tar.gz")
 
 log() { printf '[citus] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -37,14 +38,7 @@ for major in ${1:-${CITUS_MAJORS[*]}}; do
 done
 [ ${#todo[@]} -eq 0 ] && exit 0
 
-if [ ! -f "$tarball" ]; then
-    log "the Citus $CITUS_VERSION source is not at $tarball (set DEDUP_CITUS_TARBALL)"
-    exit 1
-fi
-if [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$CITUS_SHA256" ]; then
-    log "checksum mismatch for $tarball: refusing it"
-    exit 1
-fi
+tarball=$(vendored "citus-$CITUS_VERSION.tar.gz")
 
 pkgs=(libkrb5-dev liblz4-dev libzstd-dev libcurl4-openssl-dev make gcc)
 missing=()
@@ -62,7 +56,8 @@ for major in "${todo[@]}"; do
     pg_config="$tree/bin/pg_config"
     stamp="$tree/.dedup-citus"
     build=$(mktemp -d)
-    log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$major]} (under a minute here, a few on a slower machine)"
+    t0=$(date +%s)
+    log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$major]} (about 2 minutes on 2 cores) ..."
     tar xzf "$tarball" -C "$build"
     (
         cd "$build"/citus-*
@@ -73,5 +68,5 @@ for major in "${todo[@]}"; do
     as_root chmod -R a+rX "$tree"
     rm -rf "$build"
     echo "$CITUS_VERSION $CITUS_SHA256" | as_root tee "$stamp" >/dev/null
-    log "Citus $CITUS_VERSION installed into $tree"
+    log "Citus $CITUS_VERSION installed into $tree in $(($(date +%s) - t0)) s"
 done

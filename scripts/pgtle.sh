@@ -3,16 +3,17 @@
 # portable edition only (scripts/portable-test.sh): a server where dedup.so does not exist,
 # as on a managed service. pg_tle 1.5.2 is built from the vendored source (Apache-2.0, a
 # test dependency, never shipped); pg_cron is Debian's postgresql-15-cron. Records what it
-# built, so a re-run takes a second.
+# built in DEDUP_PG_ROOT (with the project's trees), so a re-run takes a second and a new
+# root (CI's, every run) builds it again.
 #
-# The source cannot be downloaded here: it is read from DEDUP_PGTLE_TARBALL, default
-# ../shared/vendor/pg_tle-1.5.2.tar.gz beside the repository, and checked against its sha256.
+# The source is vendored (pg_test/vendor/, with its licence), checked against its sha256 in
+# pg_test/vendor/SHA256SUMS.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$(dirname "$0")/pg.sh"
+source "$(dirname "$0")/vendor.sh"
 
 PGTLE_VERSION=1.5.2
-PGTLE_SHA256=4adfc063109da259a50e294a6010a9db1ca6cc3672fbe422042fc6f315813748
-tarball=${DEDUP_PGTLE_TARBALL:-$ROOT/../shared/vendor/pg_tle-$PGTLE_VERSION.tar.gz}
+PGTLE_SHA256=$(vendored_sha256 "pg_tle-$PGTLE_VERSION.tar.gz")
 pg_config=/usr/lib/postgresql/15/bin/pg_config
 
 log() { printf '[pg_tle] %s\n' "$*" >&2; }
@@ -26,22 +27,16 @@ for p in postgresql-15 postgresql-server-dev-15 postgresql-15-cron flex make gcc
     fi
 done
 
-stamp=$("$pg_config" --sharedir)/extension/.dedup-pg_tle
+stamp=$PG_ROOT/.dedup-pg_tle-system-15
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$PGTLE_VERSION $PGTLE_SHA256" ] &&
     [ -f "$("$pg_config" --pkglibdir)/pg_tle.so" ]; then
     log "pg_tle $PGTLE_VERSION present in the system's PostgreSQL 15"
     exit 0
 fi
-if [ ! -f "$tarball" ]; then
-    log "the pg_tle $PGTLE_VERSION source is not at $tarball (set DEDUP_PGTLE_TARBALL)"
-    exit 1
-fi
-if [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$PGTLE_SHA256" ]; then
-    log "checksum mismatch for $tarball: refusing it"
-    exit 1
-fi
+tarball=$(vendored "pg_tle-$PGTLE_VERSION.tar.gz")
 build=$(mktemp -d)
-log "building pg_tle $PGTLE_VERSION against the system's PostgreSQL 15"
+t0=$(date +%s)
+log "building pg_tle $PGTLE_VERSION against the system's PostgreSQL 15 (about 20 s) ..."
 tar xzf "$tarball" -C "$build"
 (
     cd "$build"/pg_tle-*
@@ -49,5 +44,6 @@ tar xzf "$tarball" -C "$build"
     as_root make -s install PG_CONFIG="$pg_config" >/dev/null
 )
 rm -rf "$build"
+as_root mkdir -p "$PG_ROOT"
 echo "$PGTLE_VERSION $PGTLE_SHA256" | as_root tee "$stamp" >/dev/null
-log "pg_tle $PGTLE_VERSION installed"
+log "pg_tle $PGTLE_VERSION installed in $(($(date +%s) - t0)) s"
