@@ -9,8 +9,8 @@
 #   STATS_ONLY=1 make bench          only the counters on/off comparison
 #   BATCH_ONLY=1 make bench          only the batches of 100 (bench/batch/run.sh)
 source "$(dirname "$0")/lib.sh"
-bash scripts/setup.sh
 majors=${PG:-$DEDUP_PG_MAJOR}
+SETUP_MAJORS="$majors" bash scripts/setup.sh demo
 cargo build --quiet -p dedup-pg-test --bin with-server
 # Results are named after the last commit that changed the extension itself.
 commit=$(git log -1 --format=%h -- src sql Cargo.toml dedup.control)$(git diff --quiet HEAD -- src sql Cargo.toml || echo "-dirty")

@@ -1,4 +1,6 @@
-# Shared by the scripts in this directory. Source it; do not run it.
+# Shared by the scripts in this directory. Source it; do not run it. Sourcing it runs no
+# PostgreSQL binary (a new machine has none before scripts/setup.sh): a script calls
+# use_major after its setup (pg_test/tests/scripts.rs holds every script to that).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -6,10 +8,11 @@ export PATH="$HOME/.cargo/bin:$PATH"
 source "$ROOT/scripts/pg.sh"
 # The major the demo and the benchmark use (the tests run every major: scripts/test.sh).
 DEDUP_PG_MAJOR=${DEDUP_PG_MAJOR:-15}
+export DEDUP_PG_MAJOR
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-# Point the build and the tests at one major's tree (scripts/pg.sh).
+# Point the build and the tests at one major's tree (scripts/pg.sh), once setup installed it.
 use_major() {
     PG_MAJOR=$1
     PG_CONFIG=$(pg_config_of "$1")
@@ -17,7 +20,6 @@ use_major() {
     export DEDUP_PG_BINDIR
     DEDUP_PG_BINDIR=$("$PG_CONFIG" --bindir)
 }
-use_major "$DEDUP_PG_MAJOR"
 
 # Build the extension for the current major and install it into that major's tree
 # ($1: --release or empty). Never into a tree whose server is running (tests stop theirs).

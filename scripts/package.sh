@@ -10,7 +10,7 @@
 source "$(dirname "$0")/lib.sh"
 profile=()
 [ "${1:-}" = --debug ] && profile=(--debug)
-[ -n "${DEDUP_NO_SETUP:-}" ] || bash scripts/setup.sh
+[ -n "${DEDUP_NO_SETUP:-}" ] || SETUP_MAJORS="$(pg_majors | xargs)" bash scripts/setup.sh demo
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 outdir=$ROOT/target/packages
 mkdir -p "$outdir"

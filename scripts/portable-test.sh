@@ -9,7 +9,7 @@
 # claim (pg_test/tests/portable.rs).
 source "$(dirname "$0")/lib.sh"
 bash scripts/pgtle.sh
-bash scripts/portable.sh
+DEDUP_NO_SETUP=1 bash scripts/portable.sh
 export DEDUP_PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
 export DEDUP_PG_BINDIR=/usr/lib/postgresql/15/bin
 export DEDUP_PORTABLE_DIR=${DEDUP_PORTABLE_DIR:-$ROOT/target/portable}

@@ -9,6 +9,8 @@
 # dedup.plain.sql (a plain script, re-runnable), dedup.to-native.sql (the switch to the
 # native extension, every row kept).
 source "$(dirname "$0")/lib.sh"
+[ -n "${DEDUP_NO_SETUP:-}" ] || bash scripts/setup.sh demo
+use_major "$DEDUP_PG_MAJOR"
 out=${DEDUP_PORTABLE_DIR:-$ROOT/target/portable}
 mkdir -p "$out"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
