@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: set up everything, then pass every test on every supported PostgreSQL major
+# `make test`: set up everything (scripts/setup.sh), then pass every test on every supported PostgreSQL major
 # (15, 16, 17, 18), each in the project's own server tree (scripts/pg.sh). `make test PG=17`
 # (or PG="16 18") runs those majors only.
 #   1. formatting, and clippy (-D warnings) for each major's build
@@ -34,6 +34,7 @@ cargo clippy -p dedup-pg-test --all-targets --quiet -- -D warnings
 cargo clippy -p dedup-example-consumer --all-targets --quiet -- -D warnings
 cargo build --quiet -p dedup-pg-test --bins --tests
 cargo test --quiet -p dedup-pg-test --lib   # the doctest parser (pg_test/src/doctest.rs)
+cargo test --quiet -p dedup-pg-test --test scripts   # what a new machine runs first (pg_test/tests/scripts.rs)
 
 started=$(date +%s)
 for major in $majors; do
