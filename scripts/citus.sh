@@ -57,7 +57,7 @@ for major in "${todo[@]}"; do
     stamp="$tree/.dedup-citus"
     build=$(mktemp -d)
     t0=$(date +%s)
-    log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$major]} (about 2 minutes on 2 cores) ..."
+    log "building Citus $CITUS_VERSION against PostgreSQL ${PG_RELEASE[$major]} (about 30 s on 2 cores) ..."
     tar xzf "$tarball" -C "$build"
     (
         cd "$build"/citus-*

