@@ -1014,6 +1014,13 @@ def portable_objects(ext_sql: str, what: str) -> PortableObjects:
                           if a.mode in ("in", "inout", "variadic"))
             if last.pop(("FUNCTION", name, types), None) is None:
                 raise BuildError(f"{what}: '{st.code[:60]}' drops a function the script did not create")
+        elif head == "do":
+            # A check (bootstrap.sql's of the schema dedup), never a maker of objects.
+            if re.search(r"\bcreate\s+(or\s+replace\s+)?(unique\s+)?(table|view|function|procedure|type|"
+                         r"sequence|index|schema|trigger|operator|domain|aggregate|cast|policy|rule)\b",
+                         st.code, re.IGNORECASE):
+                raise BuildError(f"{what}: the switch script does not know what the DO block "
+                                 f"'{st.code[:60]}' creates")
         elif head in _NO_OBJECT:
             if head == "alter" and any(_word(t, "rename") for t in toks) or (
                 head == "alter" and any(_word(a, "set") and _word(b, "schema") for a, b in zip(toks, toks[1:]))

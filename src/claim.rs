@@ -631,11 +631,17 @@ pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
     error::table_missing()
 }
 
+/// The table `dedup.processed`, found by name and then checked to be the extension's own:
+/// a member of the extension dedup. A look-alike in a look-alike schema (the real one
+/// renamed by a role that owned it before 0.6.0 refused such a schema) is refused, never
+/// written to (issue 24, finding 1).
+///
 /// # Safety
 ///
 /// Call inside a transaction (syscache lookups), under pgrx's guard: get_namespace_oid
-/// (missing_ok) and get_relname_relid return InvalidOid for a missing name and raise an
-/// ERROR only if the catalog cannot be read; error::table_missing raises ours as a panic.
+/// (missing_ok), get_relname_relid and get_extension_oid (missing_ok) return InvalidOid for
+/// a missing name, and getExtensionOfObject for an object of no extension; they raise an
+/// ERROR only if the catalog cannot be read; error::* raise ours as panics.
 unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
     // SAFETY: the contract above; the names are 'static NUL-terminated C strings that the
     // lookups only read.
@@ -647,6 +653,12 @@ unsafe fn lookup_processed() -> (pg_sys::Oid, pg_sys::Oid) {
     };
     if relid == pg_sys::InvalidOid {
         error::table_missing();
+    }
+    let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
+    if ext == pg_sys::InvalidOid
+        || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != ext
+    {
+        error::not_the_extensions_table();
     }
     (nsp, relid)
 }

@@ -201,6 +201,17 @@ pub fn table_missing() -> ! {
     )
 }
 
+/// A table named dedup.processed that is not the extension's (issue 24, finding 1).
+pub fn not_the_extensions_table() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "dedup: dedup.processed is not the table of the extension dedup".to_string(),
+        "Someone replaced the schema dedup or its table (a schema dedup renamed, a look-alike \
+         made): see what the schema holds and who owns it (docs/operations.md, Security \
+         model); the extension's own schema is pg_extension.extnamespace.",
+    )
+}
+
 pub fn unexpected_layout(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -108,7 +108,11 @@ impl Cutoffs {
         let global = now - i64::from(guc::RETENTION.get()) * 1_000_000;
         let scopes = Spi::connect(|c| {
             let rows = c.select(
-                "SELECT r.scope, pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                // In UTC: a day is 24 hours whatever the session's TimeZone (issue 24, finding
+                // 4: a zone with a daylight-saving jump of 23 hours made '1 day' last one).
+                "SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
+                    pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
+                    OPERATOR(pg_catalog.-) r.retention) \
                  FROM dedup.scope_retention AS r",
                 None,
                 &[],
@@ -215,8 +219,9 @@ fn table_blocks(target: &Target) -> u32 {
     }
 }
 
-/// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`,
-/// and the claim table's layout. The range is cut to the table's size now: VACUUM may have
+/// Collect the TIDs of at most `limit` expired claims in blocks `[start, start + count)`
+/// that come after `after` (a full batch's last TID, None from the range's start), and the
+/// claim table's layout. The range is cut to the table's size now: VACUUM may have
 /// truncated it since the pass began (None: the range starts past the end).
 ///
 /// # Safety
@@ -231,6 +236,7 @@ unsafe fn expired_in_range(
     target: &Target,
     start: u32,
     count: u32,
+    after: Option<pg_sys::ItemPointerData>,
     scope: Option<&str>,
     cutoffs: &Cutoffs,
     limit: usize,
@@ -245,7 +251,16 @@ unsafe fn expired_in_range(
         pg_sys::table_close(rel, pg_sys::NoLock as _);
         return None;
     }
-    let count = count.min(blocks - start);
+    let end = start + count.min(blocks - start);
+    // A batch after a full one goes on after its last TID, in that TID's block: the rows
+    // before it were collected already (and may be locked, so not deleted: issue 24,
+    // finding 3), and every batch moves forward, so a pass ends.
+    let after = after.map(pgrx::itemptr::item_pointer_get_both);
+    let from = after.map_or(start, |(block, _)| block);
+    if from >= end {
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+        return Some((Vec::new(), layout));
+    }
     let leases = layout == claim::Layout::Leases;
     // SAFETY: RegisterSnapshot copies the transaction snapshot (if it is the static one)
     // and registers it with CurrentResourceOwner, so it stays valid until the
@@ -257,7 +272,7 @@ unsafe fn expired_in_range(
     // allow_strat: a bulk-read ring when the table is larger than a quarter of
     // shared_buffers; allow_sync: no, we scan a fixed range.
     let scan = pg_sys::table_beginscan_strat(rel, snapshot, 0, std::ptr::null_mut(), true, false);
-    pg_sys::heap_setscanlimits(scan, start, count);
+    pg_sys::heap_setscanlimits(scan, from, end - from);
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     let mut tids = Vec::new();
     // SAFETY (the loop): each table_scan_getnextslot stores the next visible tuple in the
@@ -269,6 +284,9 @@ unsafe fn expired_in_range(
     while tids.len() < limit
         && pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
     {
+        if after.is_some_and(|a| pgrx::itemptr::item_pointer_get_both((*slot).tts_tid) <= a) {
+            continue;
+        }
         let mut isnull = false;
         let at = pg_sys::slot_getattr(slot, claim::PROCESSED_AT, &mut isnull).value() as i64;
         let row_scope =
@@ -326,7 +344,9 @@ fn delete_expired(
                  SELECT p.ctid FROM {table} AS p \
                   WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
                     AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                          (SELECT pg_catalog.now() OPERATOR(pg_catalog.-) r.retention \
+                          (SELECT pg_catalog.timezone('UTC'::pg_catalog.text, \
+                                  pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
+                                  OPERATOR(pg_catalog.-) r.retention) \
                              FROM dedup.scope_retention AS r \
                             WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
                           pg_catalog.now() OPERATOR(pg_catalog.-) \
@@ -401,10 +421,11 @@ fn timestamp(micros: i64) -> TimestampWithTimeZone {
 }
 
 /// What a batch found.
-#[derive(PartialEq, Eq)]
 enum Batch {
-    /// It stopped at its row limit: the block range may hold more expired claims.
-    Full,
+    /// It stopped at its row limit: the block range may hold more expired claims after
+    /// the last one it collected (whether or not the DELETE could take them: a row another
+    /// transaction has locked is left for the next pass).
+    Full(pg_sys::ItemPointerData),
     /// It read the whole range.
     Done,
     /// The range starts past the table's end (VACUUM truncated it): the pass is over.
@@ -412,10 +433,12 @@ enum Batch {
 }
 
 /// One batch, inside a transaction; adds what it deleted to `pass`.
+#[allow(clippy::too_many_arguments)]
 fn batch(
     target: &Target,
     start: u32,
     count: u32,
+    after: Option<pg_sys::ItemPointerData>,
     scope: Option<&str>,
     limit: usize,
     pass: &mut Pass,
@@ -424,18 +447,17 @@ fn batch(
     // SAFETY: inside a transaction with a snapshot (in_transaction, or the caller's); the
     // function's errors are raised through the guard of the #[pg_extern] or in_transaction.
     let Some((tids, layout)) =
-        (unsafe { expired_in_range(target, start, count, scope, &cutoffs, limit) })
+        (unsafe { expired_in_range(target, start, count, after, scope, &cutoffs, limit) })
     else {
         return Batch::PastTheEnd;
     };
-    let full = tids.len() == limit;
+    let last = (tids.len() == limit).then(|| tids[limit - 1]);
     if !tids.is_empty() {
         pass.deleted += delete_expired(target, tids, layout, &mut pass.per_scope);
     }
-    if full {
-        Batch::Full
-    } else {
-        Batch::Done
+    match last {
+        Some(tid) => Batch::Full(tid),
+        None => Batch::Done,
     }
 }
 
@@ -504,6 +526,8 @@ pub fn run_pass(
         };
         debug1!("dedup: pruning {} ({blocks} blocks)", target.name);
         let mut start = 0;
+        // Where a full batch stopped in the range that starts at `start`.
+        let mut after = None;
         while start < blocks {
             let limit = match max_rows {
                 Some(max) if max - pass.deleted <= 0 => break 'targets,
@@ -514,7 +538,7 @@ pub fn run_pass(
             let found = match transactions {
                 Transactions::Caller => {
                     pg_sys::check_for_interrupts!();
-                    batch(target, start, count, scope, limit, &mut pass)
+                    batch(target, start, count, after, scope, limit, &mut pass)
                 }
                 Transactions::PerBatch { stop, pause } => {
                     if stop() {
@@ -522,8 +546,9 @@ pub fn run_pass(
                         return Ok(pass);
                     }
                     let before = pass.deleted;
-                    let found =
-                        in_transaction(|| batch(target, start, count, scope, limit, &mut pass))?;
+                    let found = in_transaction(|| {
+                        batch(target, start, count, after, scope, limit, &mut pass)
+                    })?;
                     if pass.deleted > before {
                         pause();
                     }
@@ -531,8 +556,11 @@ pub fn run_pass(
                 }
             };
             match found {
-                Batch::Full => {}
-                Batch::Done => start += count,
+                Batch::Full(last) => after = Some(last),
+                Batch::Done => {
+                    start += count;
+                    after = None;
+                }
                 Batch::PastTheEnd => break,
             }
         }

@@ -237,15 +237,88 @@ fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
 /// runs as a superuser in databases that anyone with CREATEDB may own, so no name it uses
 /// may resolve to an object such an owner created (issue 11, finding 1). PGC_S_OVERRIDE
 /// outranks every source but an explicit override; nothing here sets one.
-fn pin_settings() {
+///
+/// First every setting a database or role setting gave (but dedup's own, which an
+/// administrator sets per database) goes back to its built-in value: a database owner's
+/// `TimeZone` changed what '1 day' means, and `enable_tidscan = off` made every batch's
+/// DELETE a sequential scan (issue 24, findings 4 and 6); planner switches, memory and
+/// formatting settings alike (`transaction_*` excepted: every transaction starts from the
+/// `default_transaction_*` pinned here). The ones the worker's SQL relies on are pinned
+/// first, so that the statement reading the others runs under them.
+fn pin_settings() -> Result<(), String> {
     let lock_timeout = format!("{}ms", guc::PRUNE_LOCK_TIMEOUT.get());
     for (name, value) in [
-        (c"search_path", "pg_catalog, pg_temp"),
-        (c"default_transaction_isolation", "read committed"),
-        (c"default_transaction_read_only", "off"),
-        (c"statement_timeout", "0"),
-        (c"lock_timeout", lock_timeout.as_str()),
+        ("search_path", "pg_catalog, pg_temp"),
+        ("default_transaction_isolation", "read committed"),
+        ("default_transaction_read_only", "off"),
+        ("statement_timeout", "0"),
+        ("lock_timeout", lock_timeout.as_str()),
+        // Timestamps in UTC, printed and parsed one way (the cutoffs are computed in UTC
+        // anyway, for dedup.prune() in a session of any TimeZone).
+        ("TimeZone", "UTC"),
+        ("DateStyle", "ISO, MDY"),
+        ("IntervalStyle", "postgres"),
     ] {
+        set_over_everything(name, value);
+    }
+    // Then the others (those pinned above now come from the override, not the database).
+    // Read and set in one transaction: a setting's check may look the catalog up.
+    prune::in_transaction(|| {
+        let settings = Spi::connect(|c| {
+            let rows = c.select(
+                "SELECT s.name, s.boot_val FROM pg_catalog.pg_settings AS s \
+                  WHERE s.source OPERATOR(pg_catalog.=) ANY \
+                        (ARRAY['database', 'user', 'database user']::pg_catalog.text[]) \
+                    AND s.boot_val IS NOT NULL \
+                    AND NOT pg_catalog.starts_with(s.name, 'dedup.') \
+                    AND NOT pg_catalog.starts_with(s.name, 'transaction_')",
+                None,
+                &[],
+            )?;
+            let mut settings = Vec::new();
+            for row in rows {
+                let name: String = row.get(1)?.unwrap_or_default();
+                let boot: String = row.get(2)?.unwrap_or_default();
+                settings.push((name, boot));
+            }
+            Ok::<_, pgrx::spi::Error>(settings)
+        })
+        .map_err(|e| format!("could not read its settings: {e}"))?;
+        for (name, boot) in settings {
+            let c_name = std::ffi::CString::new(name.as_str()).expect("no NUL in a setting's name");
+            let c_boot = std::ffi::CString::new(boot.as_str()).expect("no NUL in a setting");
+            // SAFETY: in a transaction (in_transaction), on the main thread; the strings are
+            // copied by the call. At WARNING level a value the setting refuses is reported
+            // and 0 returned, not raised; what a check hook raises is caught by
+            // in_transaction's PgTry.
+            let done = unsafe {
+                pg_sys::set_config_option(
+                    c_name.as_ptr(),
+                    c_boot.as_ptr(),
+                    pg_sys::GucContext::PGC_SUSET,
+                    pg_sys::GucSource::PGC_S_OVERRIDE,
+                    pg_sys::GucAction::GUC_ACTION_SET,
+                    true,
+                    pg_sys::WARNING as i32,
+                    false,
+                )
+            };
+            if done <= 0 {
+                return Err(format!(
+                    "could not set {name} back to {boot:?}, as a database or role setting gave it"
+                ));
+            }
+        }
+        Ok(())
+    })
+    .and_then(|r| r)?;
+    Ok(())
+}
+
+/// Set `name` to `value` above every source but an explicit override (none is ever made).
+fn set_over_everything(name: &str, value: &str) {
+    {
+        let name = std::ffi::CString::new(name).expect("no NUL in a setting's name");
         let value = std::ffi::CString::new(value).expect("no NUL in a setting");
         // SAFETY: SetConfigOption looks the name up and copies the value (guc_strdup), so
         // neither string need outlive the call; a value it rejects raises an ERROR, which
@@ -324,8 +397,12 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     let _ = arg; // the database's OID; connecting by name gives the role's name too
     let role = guc::prune_role();
     BackgroundWorker::connect_worker_to_spi(Some(&dbname), role.as_deref());
-    // Before the first statement: nothing of this database's settings decides what runs.
-    pin_settings();
+    // Before the first statement of ours: nothing of this database's settings decides what
+    // runs (the statements that read them name everything with its schema).
+    if let Err(why) = pin_settings() {
+        warning!("dedup: not pruning database \"{dbname}\": {why}");
+        return;
+    }
     set_application_name(PRUNER);
 
     let interval = interval().unwrap_or(Duration::from_secs(600));
@@ -336,17 +413,30 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         if unsafe { pg_sys::get_extension_oid(c"dedup".as_ptr(), true) } == pg_sys::InvalidOid {
             return Ready::NotInstalled;
         }
-        let version = Spi::get_one::<String>(
-            "SELECT e.extversion FROM pg_catalog.pg_extension AS e \
+        // The version, and whether the extension's schema is one only superusers can change:
+        // named dedup (so every dedup.x below is in it), owned by a superuser, and granting
+        // CREATE to no other role (issue 24, finding 1). Otherwise its owner could rename it
+        // and put a look-alike, whose code this superuser session would run, in its place.
+        let (version, safe) = Spi::get_two::<String, bool>(
+            "SELECT e.extversion, \
+                    n.nspname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name AND o.rolsuper \
+                    AND NOT EXISTS (SELECT FROM pg_catalog.aclexplode(n.nspacl) AS x \
+                                      LEFT JOIN pg_catalog.pg_roles AS g \
+                                        ON g.oid OPERATOR(pg_catalog.=) x.grantee \
+                                     WHERE x.privilege_type OPERATOR(pg_catalog.=) 'CREATE' \
+                                       AND NOT COALESCE(g.rolsuper, false)) \
+               FROM pg_catalog.pg_extension AS e \
+               JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
+               JOIN pg_catalog.pg_roles AS o ON o.oid OPERATOR(pg_catalog.=) n.nspowner \
               WHERE e.extname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name",
         )
-        .ok()
-        .flatten();
-        match version.as_deref() {
-            None => return Ready::NotInstalled,
+        .unwrap_or((None, None));
+        match (version.as_deref(), safe) {
+            (None, _) => return Ready::NotInstalled,
+            (_, Some(false) | None) => return Ready::Unsafe,
             // Retention arrived in 0.2.0: the tables it needs are not there yet.
-            Some("0.1.0") => return Ready::TooOld,
-            Some(_) => {}
+            (Some("0.1.0"), _) => return Ready::TooOld,
+            (Some(_), _) => {}
         }
         let since = since_last_pass();
         if prune::backing_off(interval) {
@@ -362,6 +452,14 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     match ready {
         Ok(Ready::Go) => {}
         Ok(Ready::NotInstalled) => return,
+        Ok(Ready::Unsafe) => {
+            warning!(
+                "dedup: not pruning database \"{dbname}\": the schema of its extension dedup is \
+                 not named dedup, is not owned by a superuser, or grants CREATE to a role that is \
+                 not one; a superuser must check it (docs/operations.md, Security model)"
+            );
+            return;
+        }
         Ok(Ready::TooOld) => {
             log!(
                 "dedup: not pruning database \"{dbname}\": its extension is version 0.1.0, \
@@ -400,8 +498,8 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     let leaving = std::cell::Cell::new(false);
     let stop = || {
         // The file's settings, then ours again above them.
-        if reload_config_if_asked() {
-            pin_settings();
+        if reload_config_if_asked() && pin_settings().is_err() {
+            leaving.set(true);
         }
         if database_is_being_dropped() {
             leaving.set(true);
@@ -430,7 +528,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     };
     let result = prune::run_pass(None, None, &transactions);
     if leaving.get() {
-        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped or renamed");
+        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped or renamed, or its settings could not be pinned again after a reload");
         return;
     }
     match result {
@@ -466,6 +564,8 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
 enum Ready {
     Go,
     NotInstalled,
+    /// The extension's schema is not one only superusers control.
+    Unsafe,
     TooOld,
     /// Backing off after failures; how long ago the last pass ended.
     BackingOff(Option<f64>),

@@ -81,6 +81,9 @@ const TESTS: &[(&str, TestFn)] = tests![
     security::unprivileged_role_claims_but_cannot_touch_the_table,
     security::hostile_search_path_changes_nothing,
     security::create_extension_under_hostile_search_path,
+    security::create_extension_refuses_a_schema_it_did_not_make,
+    security::a_look_alike_claim_table_is_refused,
+    security::worker_skips_a_schema_a_plain_role_controls,
     security::api_works_for_a_role_with_the_documented_grants,
     security::worker_runs_no_code_a_database_owner_wrote,
     dump_restore::dump_and_restore_keep_every_claim,
@@ -96,6 +99,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     retention::prune_and_set_retention_are_for_privileged_roles,
     retention::a_retention_under_a_minute_warns,
     retention::claims_racing_a_prune_of_their_keys_have_one_winner,
+    retention::claims_locked_by_another_role_do_not_stop_a_prune,
     retention::retention_is_the_same_in_every_session,
     retention::set_by_names_the_caller,
     worker::worker_prunes_every_database_with_the_extension,
@@ -106,6 +110,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     worker::vacuum_truncation_between_batches,
     worker::drop_database_during_a_pass,
     worker::prune_role_with_the_documented_grants,
+    worker::a_database_owners_settings_do_not_change_a_pass,
     leases::concurrent_leases_of_one_job_have_one_holder,
     leases::crashed_holder_lease_is_taken_over_once,
     leases::crash_between_effect_and_done_marker_repeats_the_effect,
@@ -168,6 +173,11 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ("operations::batches_and_advances_are_counted", COUNTERS),
     ("worker::", WORKER),
     ("security::worker_runs_no_code_a_database_owner_wrote", WORKER),
+    ("security::worker_skips_a_schema_a_plain_role_controls", WORKER),
+    (
+        "security::a_look_alike_claim_table_is_refused",
+        "the native library looks dedup.processed up by name and checks it is the extension's; the portable edition's SQL names it, and its install refuses a schema it did not make",
+    ),
     (
         "errors::warning_outside_a_transaction_block",
         "SQL cannot tell a transaction block from a one-statement transaction, so the portable try_claim never warns",
@@ -206,10 +216,16 @@ const WORKER: &str =
     "the background worker is part of the native library; the portable edition prunes from pg_cron";
 /// Tests that need `CREATE EXTENSION dedup` itself: they run through pg_tle, not with the
 /// plain script (`DEDUP_EDITION=plain`).
-pub const EXTENSION_ONLY: &[(&str, &str)] = &[(
-    "lifecycle::extension_recreated_under_a_live_session",
-    "it drops and creates the extension; the plain script creates no extension",
-)];
+pub const EXTENSION_ONLY: &[(&str, &str)] = &[
+    (
+        "lifecycle::extension_recreated_under_a_live_session",
+        "it drops and creates the extension; the plain script creates no extension",
+    ),
+    (
+        "security::create_extension_refuses_a_schema_it_did_not_make",
+        "the plain script refuses every schema dedup it did not make, an empty one too (55000; pg_test/tests/portable.rs)",
+    ),
+];
 
 /// Why a test cannot apply to the edition under test (None: it runs).
 fn not_applicable(name: &str) -> Option<&'static str> {

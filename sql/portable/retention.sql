@@ -70,7 +70,8 @@ BEGIN
                          WHERE q.ctid >= format('(%s,0)', first_block)::tid
                            AND q.ctid < format('(%s,0)', first_block + span)::tid
                            AND (prune.scope IS NULL OR q.scope = prune.scope)
-                           AND q.processed_at < now() - coalesce(s.retention, global_cut)
+                           -- in UTC: a day is 24 hours whatever the session's TimeZone
+                           AND q.processed_at < timezone('UTC', timezone('UTC', now()) - coalesce(s.retention, global_cut))
                            -- a lease still running is never pruned
                            AND (q.lease_expires_at IS NULL OR q.lease_expires_at < now())
                          LIMIT lim
@@ -92,8 +93,8 @@ BEGIN
     -- bounded by max_rows, which is about claims).
     IF max_rows IS NULL THEN
         DELETE FROM dedup.forgotten AS fo
-         WHERE fo.forgotten_at < now() - coalesce(
-                   (SELECT s.retention FROM dedup.scope_retention AS s WHERE s.scope = fo.scope), global_cut)
+         WHERE fo.forgotten_at < timezone('UTC', timezone('UTC', now()) - coalesce(
+                   (SELECT s.retention FROM dedup.scope_retention AS s WHERE s.scope = fo.scope), global_cut))
            AND (prune.scope IS NULL OR fo.scope = prune.scope);
     END IF;
 

@@ -1,6 +1,6 @@
 //! Retention over real connections: who may prune, warnings for a retention that defeats
 //! deduplication, and claims racing a prune of their own keys.
-use crate::common::{ensure_eq, expect_sqlstate, Ctx};
+use crate::common::{ensure_eq, expect_sqlstate, unprivileged, Ctx};
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
@@ -167,6 +167,55 @@ pub async fn claims_racing_a_prune_of_their_keys_have_one_winner(ctx: Ctx) -> Re
         "  {pruned} pruned while {CLAIMERS} connections claimed the same keys: {} re-claimed",
         winners.len()
     );
+    Ok(())
+}
+
+/// Issue 24, finding 3: a plain role row-locks the first batch's worth of expired claims
+/// (`dedup.lease` of a done job locks its row, as any `ON CONFLICT DO UPDATE` does, and the
+/// transaction stays open); the prune skips them and goes on past them, instead of scanning
+/// the same rows for ever. Before the fix this prune spun until its statement_timeout.
+pub async fn claims_locked_by_another_role_do_not_stop_a_prune(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    // The locked claims first (the first blocks, the first batch), the others after them.
+    admin
+        .batch_execute(
+            "INSERT INTO dedup.processed SELECT 'held', 'locked-' || g, now() - interval '8 days' \
+               FROM generate_series(1, 100) g; \
+             INSERT INTO dedup.processed SELECT 'held', 'free-' || g, now() - interval '8 days' \
+               FROM generate_series(1, 250) g",
+        )
+        .await?;
+    let (_, holder) = unprivileged(&ctx, "holder", "").await?;
+    holder.batch_execute("BEGIN").await?;
+    let statuses: Vec<String> = holder
+        .query(
+            "SELECT (dedup.lease('locked-' || g, 'held')).status FROM generate_series(1, 100) g",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        statuses.iter().all(|s| s == "done"),
+        true,
+        "every held claim is done",
+    )?;
+    let pruner = ctx.connect().await?;
+    pruner
+        .batch_execute("SET dedup.prune_batch_size = 100; SET statement_timeout = '60s'")
+        .await?;
+    let pruned: i64 = pruner
+        .query_one("SELECT dedup.prune('held')", &[])
+        .await?
+        .get(0);
+    ensure_eq(pruned, 250, "claims pruned past the 100 locked ones")?;
+    holder.batch_execute("ROLLBACK").await?;
+    let pruned: i64 = pruner
+        .query_one("SELECT dedup.prune('held')", &[])
+        .await?
+        .get(0);
+    ensure_eq(pruned, 100, "the claims pruned once their locks were gone")?;
     Ok(())
 }
 

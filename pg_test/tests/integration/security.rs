@@ -418,3 +418,167 @@ pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result
     let _ = role;
     Ok(())
 }
+
+/// Issue 24, finding 1: `CREATE EXTENSION dedup` adopted a schema dedup that already
+/// existed, whoever made it. A role with CREATE on the database (a CREATEDB role in its own
+/// database, an application role that runs migrations) makes the schema first, with a more
+/// specific overload of the API in it (`try_claim(integer)`, which the documented
+/// `try_claim(42)` resolves to): the install must refuse it, and refuse a schema that
+/// grants CREATE to such a role or already holds objects; an empty schema a superuser owns
+/// (what a restore of pg_dump's output makes) is accepted. Before the fix the install
+/// succeeded and `try_claim(42)` answered `true` for every copy.
+pub async fn create_extension_refuses_a_schema_it_did_not_make(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    let maker = format!("maker_{}", ctx.db);
+    admin
+        .batch_execute(&format!("CREATE ROLE {maker} LOGIN"))
+        .await?;
+    // (setup in the premade database, then the install, and its SQLSTATE or None)
+    let cases: [(&str, &str, Option<&str>); 4] = [
+        (
+            "a schema a plain role made, with an overload",
+            "SET ROLE {maker}; CREATE SCHEMA dedup; \
+             CREATE FUNCTION dedup.try_claim(job_id integer, scope text DEFAULT 'default') \
+             RETURNS boolean LANGUAGE sql AS 'SELECT true'; RESET ROLE;",
+            Some("42501"),
+        ),
+        (
+            "a superuser's schema that grants CREATE to PUBLIC",
+            "CREATE SCHEMA dedup; GRANT CREATE ON SCHEMA dedup TO PUBLIC;",
+            Some("42501"),
+        ),
+        (
+            "a superuser's schema that holds a table",
+            "CREATE SCHEMA dedup; CREATE TABLE dedup.notes (x int);",
+            Some("55000"),
+        ),
+        (
+            "an empty schema a superuser owns, as a restore makes it",
+            "CREATE SCHEMA dedup;",
+            None,
+        ),
+    ];
+    for (i, (what, setup, want)) in cases.iter().enumerate() {
+        let db = format!("{}_premade{i}", ctx.db);
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await?;
+        admin
+            .batch_execute(&format!("GRANT CREATE ON DATABASE {db} TO {maker}"))
+            .await?;
+        let c = dedup_pg_test::connect(&ctx.cluster.dsn(&db)).await?;
+        c.batch_execute(&setup.replace("{maker}", &maker)).await?;
+        let install = ctx.cluster.install_statement(&db)?;
+        let result = c.batch_execute(&install).await;
+        match want {
+            Some(state) => {
+                let got = expect_sqlstate(result, what)?;
+                ensure_eq(got.as_str(), *state, what)?;
+                let installed: i64 = c
+                    .query_one(
+                        "SELECT count(*) FROM pg_extension WHERE extname = 'dedup'",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                ensure_eq(installed, 0, &format!("{what}: extensions installed"))?;
+            }
+            None => {
+                result.map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+                c.batch_execute("BEGIN").await?;
+                ensure_eq(
+                    claim(&c, "SELECT dedup.try_claim(42)").await?,
+                    true,
+                    &format!("{what}: a first claim"),
+                )?;
+                c.batch_execute("COMMIT").await?;
+                ensure_eq(
+                    claim(&c, "SELECT dedup.try_claim(42)").await?,
+                    false,
+                    &format!("{what}: the second copy"),
+                )?;
+            }
+        }
+        drop(c);
+        admin
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Issue 24, finding 1: the claim path looks the table up by name, so a table
+/// dedup.processed that is not the extension's (the extension's schema renamed by a role
+/// that owned it, and a look-alike made in its place) must be refused, never written to.
+/// Before the fix the claim went into the look-alike.
+pub async fn a_look_alike_claim_table_is_refused(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute(
+            "ALTER SCHEMA dedup RENAME TO dedup_real; \
+             CREATE SCHEMA dedup; \
+             CREATE TABLE dedup.processed (LIKE dedup_real.processed INCLUDING ALL)",
+        )
+        .await?;
+    let c = ctx.connect().await?;
+    c.batch_execute("BEGIN").await?;
+    let result = c.query_one("SELECT dedup_real.try_claim('x')", &[]).await;
+    let state = expect_sqlstate(result, "a claim with a look-alike dedup.processed");
+    c.batch_execute("ROLLBACK").await?;
+    let written: i64 = admin
+        .query_one("SELECT count(*) FROM dedup.processed", &[])
+        .await?
+        .get(0);
+    admin
+        .batch_execute("DROP SCHEMA dedup CASCADE; ALTER SCHEMA dedup_real RENAME TO dedup")
+        .await?;
+    ensure_eq(state?.as_str(), "55000", "SQLSTATE")?;
+    ensure_eq(written, 0, "rows written into the look-alike")?;
+    Ok(())
+}
+
+/// Issue 24, finding 1: the worker runs as a superuser in every database; where the
+/// extension's schema is one a plain role controls (it owns it, as an install before 0.6.0
+/// that adopted a pre-made schema left it, or holds CREATE on it), that role could rename
+/// it and put look-alikes in its place. The worker must skip such a database with a
+/// warning, and go on pruning the others. Before the fix it pruned there as everywhere.
+pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()> {
+    use crate::worker::{count, database_with_claims, eventually, preloaded, start, EXPIRED};
+    let cluster = start(preloaded("worker-schema")).await?;
+    let admin = dedup_pg_test::connect(&cluster.dsn("postgres")).await?;
+    admin.batch_execute("CREATE ROLE mallory LOGIN").await?;
+    let owned = database_with_claims(&cluster, "owned", 500, 10).await?;
+    let granted = database_with_claims(&cluster, "granted", 500, 10).await?;
+    let fine = database_with_claims(&cluster, "fine", 500, 10).await?;
+    owned
+        .batch_execute("ALTER SCHEMA dedup OWNER TO mallory")
+        .await?;
+    granted
+        .batch_execute("GRANT CREATE ON SCHEMA dedup TO mallory")
+        .await?;
+    eventually(30, "the database whose schema is safe pruned", || async {
+        Ok(count(&fine, EXPIRED).await? == 0)
+    })
+    .await?;
+    // Two more passes' time for the others.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    ensure_eq(
+        count(&owned, EXPIRED).await?,
+        500,
+        "expired claims left where mallory owns the schema",
+    )?;
+    ensure_eq(
+        count(&granted, EXPIRED).await?,
+        500,
+        "expired claims left where mallory may create in it",
+    )?;
+    let log = cluster.log_text();
+    for db in ["owned", "granted"] {
+        let want =
+            format!("dedup: not pruning database \"{db}\": the schema of its extension dedup");
+        if !log.contains(&want) {
+            bail!("the server log lacks {want:?}:\n{}", cluster.log_tail(30));
+        }
+    }
+    Ok(())
+}

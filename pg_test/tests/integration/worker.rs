@@ -546,3 +546,116 @@ pub async fn prune_role_with_the_documented_grants(_ctx: Ctx) -> Result<()> {
     }
     Ok(())
 }
+
+/// A POSIX time zone in which `now() - interval '1 day'` is less than 90 minutes ago: a
+/// daylight-saving jump of 23 hours that starts about now. None if no candidate does it
+/// here (the test is then wrong, not the worker).
+async fn short_day_zone(c: &Conn) -> Result<Option<String>> {
+    let doy: f64 = c
+        .query_one(
+            "SELECT extract(doy FROM now() AT TIME ZONE 'UTC')::float8",
+            &[],
+        )
+        .await?
+        .get(0);
+    let doy = doy as i64;
+    for start in [doy - 1, doy, doy - 2, doy + 1] {
+        if !(1..=363).contains(&start) {
+            continue;
+        }
+        let zone = format!("AAA0BBB-23,J{start}/0,J{}/0", start + 2);
+        c.batch_execute(&format!("SET TimeZone = '{zone}'")).await?;
+        let short: bool = c
+            .query_one(
+                "SELECT now() - interval '1 day' > now() - interval '90 minutes'",
+                &[],
+            )
+            .await?
+            .get(0);
+        c.batch_execute("RESET TimeZone").await?;
+        if short {
+            return Ok(Some(zone));
+        }
+    }
+    Ok(None)
+}
+
+/// Issue 24, findings 4 and 6: a database owner (`CREATEDB`, nothing else) sets, for every
+/// session of its database, a TimeZone whose daylight-saving jump makes '1 day' last one
+/// hour, and `enable_tidscan = off`, which makes every batch's DELETE a sequential scan of
+/// the whole table. The worker must keep a claim of a one-day scope that is two hours old,
+/// and read the table once per pass, not once per batch. Before the fix the claim was
+/// pruned (and the job would run again) and the DELETEs read the table again per batch.
+pub async fn a_database_owners_settings_do_not_change_a_pass(_ctx: Ctx) -> Result<()> {
+    // Batches of 100 over 20,000 claims: each batch's DELETE of 100 TIDs is a TID scan (a
+    // sequential one would cost the planner far more), unless enable_tidscan is off.
+    let cluster = start(
+        preloaded("worker-settings")
+            .set("dedup.prune_batch_size", "100")
+            .set("dedup.prune_batch_delay", "0"),
+    )
+    .await?;
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    admin
+        .batch_execute("CREATE ROLE mallory LOGIN CREATEDB")
+        .await?;
+    let as_mallory = |db: &str| format!("{} user=mallory", cluster.dsn(db));
+    let m = connect(&as_mallory("postgres")).await?;
+    m.batch_execute("CREATE DATABASE tz").await?;
+    let c = connect(&cluster.dsn("tz")).await?;
+    let Some(zone) = short_day_zone(&c).await? else {
+        bail!("no time zone found in which '1 day' is short today: the test needs another");
+    };
+    c.batch_execute(
+        "CREATE EXTENSION dedup;
+         SELECT dedup.set_retention('q', '1 day');
+         INSERT INTO dedup.processed SELECT 'q', 'young', now() - interval '2 hours';
+         INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days'
+           FROM generate_series(1, 20000) g;",
+    )
+    .await?;
+    let owner = connect(&as_mallory("tz")).await?;
+    owner
+        .batch_execute(&format!(
+            "ALTER DATABASE tz SET TimeZone = '{zone}'; ALTER DATABASE tz SET enable_tidscan = off"
+        ))
+        .await?;
+    // The table's reads so far; from here on only the worker reads it.
+    let reads = "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables \
+                 WHERE relid = 'dedup.processed'::regclass";
+    c.batch_execute("SELECT pg_stat_force_next_flush()").await?;
+    let before = count(&c, reads).await?;
+    // Until two whole passes after the one that pruned the old claims.
+    let deleted = "SELECT coalesce(sum(rows_deleted), 0)::int8 FROM dedup.prune_status WHERE scope = 'default'";
+    eventually(120, "the old claims pruned", || async {
+        Ok(count(&c, deleted).await? >= 20_000)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.batch_execute("SELECT pg_stat_clear_snapshot()").await?;
+    let read = count(&c, reads).await? - before;
+    let young: i64 = c
+        .query_one(
+            "SELECT count(*) FROM dedup.processed WHERE job_id = 'young' AND scope = 'q'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let mut wrong = Vec::new();
+    if young != 1 {
+        wrong.push(format!(
+            "the two-hour-old claim of the one-day scope was pruned under TimeZone {zone}"
+        ));
+    }
+    // A pass reads the table's rows about once (each batch goes on where the last one
+    // stopped); a sequential DELETE per batch would read what is left again, 200 times.
+    if read > 3 * 20_001 {
+        wrong.push(format!(
+            "the worker's passes read {read} rows of a table of 20,001: its DELETEs scanned the table"
+        ));
+    }
+    if !wrong.is_empty() {
+        bail!("{}", wrong.join("; "));
+    }
+    Ok(())
+}
