@@ -1072,6 +1072,7 @@ DECLARE
     changes   pg_catalog.text[] := '{{}}';
     stmt      pg_catalog.text;
     r         record;
+    withheld  pg_catalog.text[] := '{{}}';
     msg       pg_catalog.text;
     detail    pg_catalog.text;
     -- Every privilege on dedup's objects but their owners' (who, on what), and one row per
@@ -1363,7 +1364,13 @@ BEGIN
     END LOOP;
 
     -- 8. The privileges of the portable edition's objects, where the native ones differ: what
-    -- was revoked is revoked again, what was granted is granted again (owners aside).
+    -- was revoked is revoked again; of what was granted (owners aside), only what the
+    -- security model documents is granted again: EXECUTE on functions, USAGE on the schema,
+    -- SELECT on tables and views, INSERT and UPDATE (result) on dedup.processed, none with
+    -- GRANT OPTION. The rest (TRIGGER, TRUNCATE, REFERENCES, DELETE, CREATE on the schema:
+    -- on objects a superuser now owns, a trigger of the grantee's would run inside dedup's
+    -- SECURITY DEFINER functions) is listed for the administrator to decide (issue 24,
+    -- finding 2).
     EXECUTE 'INSERT INTO pg_temp._dedup_acl ' || acl_query USING 'after';
     FOR r IN SELECT a.obj, a.col, a.grantee, a.privilege, a.grantable, false AS to_grant
                FROM pg_temp._dedup_acl AS a
@@ -1383,15 +1390,35 @@ BEGIN
                                  WHERE a.stage = 'after' AND a.obj = b.obj AND a.col IS NOT DISTINCT FROM b.col
                                    AND a.grantee = b.grantee AND a.privilege = b.privilege AND a.grantable = b.grantable)
              ORDER BY 6, 1, 2, 3, 4 LOOP
-        stmt := pg_catalog.format('%s %s%s ON %s %s %s%s',
+        stmt := pg_catalog.format('%s %s%s ON %s %s %s',
             CASE WHEN r.to_grant THEN 'GRANT' ELSE 'REVOKE' END, r.privilege,
             COALESCE(' (' || pg_catalog.quote_ident(r.col) || ')', ''), r.obj,
             CASE WHEN r.to_grant THEN 'TO' ELSE 'FROM' END,
-            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END,
-            CASE WHEN r.to_grant AND r.grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+            CASE WHEN r.grantee = 0 THEN 'PUBLIC' ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END);
+        IF r.to_grant AND NOT (
+               (r.obj LIKE 'FUNCTION %' OR r.obj LIKE 'PROCEDURE %') AND r.privilege = 'EXECUTE'
+            OR r.obj = 'SCHEMA dedup' AND r.privilege = 'USAGE'
+            OR r.obj LIKE 'TABLE %' AND r.privilege = 'SELECT'
+            OR r.obj = 'TABLE dedup.processed' AND r.col IS NULL AND r.privilege = 'INSERT'
+            OR r.obj = 'TABLE dedup.processed' AND r.col = 'result' AND r.privilege = 'UPDATE') THEN
+            withheld := withheld || stmt;
+            CONTINUE;
+        END IF;
+        IF r.to_grant AND r.grantable THEN
+            withheld := withheld || (stmt || ' WITH GRANT OPTION');
+        END IF;
         EXECUTE stmt;
         changes := changes || stmt;
     END LOOP;
+    IF pg_catalog.cardinality(withheld) > 0 THEN
+        RAISE WARNING USING
+            MESSAGE = pg_catalog.format('dedup.to-native.sql: %s privilege(s) of the portable edition not granted again',
+                                        pg_catalog.cardinality(withheld)),
+            DETAIL = 'Not run: ' || pg_catalog.array_to_string(withheld, '; ') || '.',
+            HINT = 'The native objects belong to a superuser now; grant only what a role needs, as docs/operations.md '
+                   '(Security model) lists it: never TRIGGER, TRUNCATE or REFERENCES on dedup''s tables, nor CREATE '
+                   'on the schema dedup.';
+    END IF;
     SELECT pg_catalog.string_agg(DISTINCT pg_catalog.format('%s (now %s)', pg_catalog.pg_get_userbyid(b.owner),
                                                             pg_catalog.pg_get_userbyid(a.owner)), ', '),
            pg_catalog.string_agg(DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(b.owner)), ', ')

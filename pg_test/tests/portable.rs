@@ -371,8 +371,41 @@ async fn switch_keeps_every_row(
         "the switch's NOTICE: {}",
         load.output
     );
+    // Issue 24, finding 2: of the privileges granted, only the documented ones are granted
+    // again (without GRANT OPTION); the others are listed in a WARNING. Before the fix a
+    // TRIGGER on the now superuser-owned claim table was granted back, and the
+    // accomplice's trigger ran inside dedup.lease() (SECURITY DEFINER) as a superuser.
+    for withheld in [
+        "GRANT TRIGGER ON TABLE dedup.processed TO accomplice",
+        "GRANT TRUNCATE ON TABLE dedup.processed TO accomplice",
+        "GRANT REFERENCES ON TABLE dedup.processed TO accomplice",
+        "GRANT DELETE ON TABLE dedup.processed TO accomplice",
+        "GRANT CREATE ON SCHEMA dedup TO accomplice",
+        "GRANT EXECUTE ON FUNCTION dedup.retention(text) TO consumer WITH GRANT OPTION",
+    ] {
+        ensure!(
+            load.output
+                .contains("privilege(s) of the portable edition not granted again")
+                && load.output.contains(withheld),
+            "the switch's WARNING lists {withheld:?}: {}",
+            load.output
+        );
+    }
+    let mut expected = before.clone();
+    if let Some(privileges) = expected.get_mut("privileges") {
+        privileges.retain(|p| {
+            !["TRIGGER", "TRUNCATE", "REFERENCES", "DELETE", "CREATE"]
+                .iter()
+                .any(|kind| p.ends_with(&format!(": {kind} to accomplice")))
+        });
+        for p in privileges.iter_mut() {
+            if let Some(plain) = p.strip_suffix(" with grant option") {
+                *p = plain.to_string();
+            }
+        }
+    }
     let after = contents(&app).await?;
-    ensure_same(&after, &before, "after the switch")?;
+    ensure_same(&after, &expected, "after the switch")?;
     ensure_eq(edition_of(&app).await?, "native", "after the switch")?;
     let extversion: String = app
         .query_one(
@@ -432,6 +465,9 @@ async fn take_every_kind_of_row(c: &Conn) -> Result<uuid::Uuid> {
          GRANT UPDATE (result) ON dedup.processed TO ops;
          REVOKE EXECUTE ON FUNCTION dedup.retention(text) FROM PUBLIC;
          GRANT EXECUTE ON FUNCTION dedup.retention(text) TO consumer WITH GRANT OPTION;
+         CREATE ROLE accomplice NOLOGIN;
+         GRANT TRIGGER, TRUNCATE, REFERENCES, DELETE ON dedup.processed TO accomplice;
+         GRANT CREATE ON SCHEMA dedup TO accomplice;
          ALTER TABLE dedup.processed SET (autovacuum_vacuum_scale_factor = 0.01);",
     )
     .await?;
