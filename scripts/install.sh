@@ -23,6 +23,6 @@ fi
 bash scripts/setup.sh build
 sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(--sudo)
-step "release build for PostgreSQL $major, installed with $target (about 4 minutes on 2 cores)"
+step "release build for PostgreSQL $major, installed with $target (about 2 minutes on 2 cores)"
 PGRX_PG_CONFIG_PATH=$target cargo pgrx install --release "${sudo[@]}" --no-default-features \
     --features "pg$major" --pg-config "$target"

@@ -317,21 +317,19 @@ fn pin_settings() -> Result<(), String> {
 
 /// Set `name` to `value` above every source but an explicit override (none is ever made).
 fn set_over_everything(name: &str, value: &str) {
-    {
-        let name = std::ffi::CString::new(name).expect("no NUL in a setting's name");
-        let value = std::ffi::CString::new(value).expect("no NUL in a setting");
-        // SAFETY: SetConfigOption looks the name up and copies the value (guc_strdup), so
-        // neither string need outlive the call; a value it rejects raises an ERROR, which
-        // ends the worker through the #[pg_guard] of its main function (the values are
-        // ours and valid).
-        unsafe {
-            pg_sys::SetConfigOption(
-                name.as_ptr(),
-                value.as_ptr(),
-                pg_sys::GucContext::PGC_SUSET,
-                pg_sys::GucSource::PGC_S_OVERRIDE,
-            );
-        }
+    let name = std::ffi::CString::new(name).expect("no NUL in a setting's name");
+    let value = std::ffi::CString::new(value).expect("no NUL in a setting");
+    // SAFETY: SetConfigOption looks the name up and copies the value (guc_strdup), so
+    // neither string need outlive the call; a value it rejects raises an ERROR, which
+    // ends the worker through the #[pg_guard] of its main function (the values are
+    // ours and valid).
+    unsafe {
+        pg_sys::SetConfigOption(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+        );
     }
 }
 
