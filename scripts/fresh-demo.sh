@@ -13,14 +13,17 @@ started=$(date +%s)
 dir=$(mktemp -d /tmp/dedup-fresh-XXXXXX)
 # The postgres system user runs the demo's servers from the tree under $dir/pg.
 chmod 755 "$dir"
-trap 'rm -rf "$dir"' EXIT
+# The trees under it belong to root (setup unpacks them as root, or with sudo).
+trap 'if [ "$(id -u)" -eq 0 ]; then rm -rf "$dir"; else sudo rm -rf "$dir"; fi' EXIT
 step "make demo from a plain clone in $dir (empty DEDUP_PG_ROOT and PGRX_HOME)"
 git clone --quiet "$ROOT" "$dir/main"
 out=$dir/demo.out
 (
     cd "$dir/main"
-    # Nothing of this checkout's environment leaks in: the caches are the new folders.
-    env -u DEDUP_PG_CONFIG -u DEDUP_PG_BINDIR -u CARGO_TARGET_DIR \
+    # The caches are the new folders, and none of the variables that point the scripts at
+    # a tree, a major or a build folder comes from this checkout's environment.
+    env -u DEDUP_PG_CONFIG -u DEDUP_PG_BINDIR -u DEDUP_PG_MAJOR -u SETUP_MAJORS -u PG \
+        -u CITUS_MAJORS -u CARGO_TARGET_DIR \
         DEDUP_PG_ROOT="$dir/pg" PGRX_HOME="$dir/pgrx" \
         make demo ARGS="$*"
 ) 2>&1 | tee "$out"

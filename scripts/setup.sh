@@ -75,13 +75,14 @@ apt_install() {
     as_root apt-get update -qq
     # Never let a package start a service of its own (a PostgreSQL cluster on 5432, a
     # Redis on 6379): where no policy-rc.d forbids it already, one does for the install.
-    local policy=/usr/sbin/policy-rc.d own_policy=
+    local own_policy=
+    policy=/usr/sbin/policy-rc.d
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\n# dedup setup.sh: no service starts during this install\nexit 101\n' |
             as_root tee "$policy" >/dev/null
         as_root chmod 755 "$policy"
         own_policy=1
-        trap 'as_root rm -f "$policy"' EXIT
+        trap "as_root rm -f '$policy'" EXIT
     fi
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
     if [ -n "$own_policy" ]; then

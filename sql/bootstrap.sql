@@ -8,7 +8,8 @@
 -- it must be owned by a superuser or the installing role, grant CREATE to no other role
 -- that is not a superuser, and be empty. A restore passes: pg_dump's CREATE SCHEMA dedup
 -- (owned by the role that owned it) comes right before CREATE EXTENSION, and the schema's
--- grants after it.
+-- grants after it. Every operator is named with its schema: the search_path here is the
+-- very schema being checked, where a role with CREATE could have put an operator.
 DO $dedup_schema$
 DECLARE
     v_nsp   pg_catalog.oid;
@@ -29,7 +30,8 @@ BEGIN
                                         v_owner::pg_catalog.regrole),
             HINT = 'CREATE EXTENSION dedup makes its own schema dedup: see what that schema holds, move anything of value out of it, drop or rename it, then create the extension again.';
     END IF;
-    SELECT pg_catalog.string_agg(CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', ')
+    SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                                   ELSE a.grantee::pg_catalog.regrole::pg_catalog.text END, ', ')
       INTO v_who
       FROM pg_catalog.aclexplode(v_acl) AS a
       LEFT JOIN pg_catalog.pg_roles AS g ON g.oid OPERATOR(pg_catalog.=) a.grantee

@@ -52,8 +52,8 @@ fn set_application_name(name: &str) {
         pg_sys::SetConfigOption(
             c"application_name".as_ptr(),
             name.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
         );
         pg_sys::pgstat_report_appname(name.as_ptr());
     }
@@ -242,8 +242,9 @@ fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
 /// administrator sets per database) goes back to its built-in value: a database owner's
 /// `TimeZone` changed what '1 day' means, and `enable_tidscan = off` made every batch's
 /// DELETE a sequential scan (issue 24, findings 4 and 6); planner switches, memory and
-/// formatting settings alike (`transaction_*` excepted: every transaction starts from the
-/// `default_transaction_*` pinned here). The ones the worker's SQL relies on are pinned
+/// formatting settings alike, `transaction_timeout` too (`transaction_isolation`,
+/// `transaction_read_only` and `transaction_deferrable` excepted: every transaction starts
+/// from the `default_transaction_*` pinned here). The ones the worker's SQL relies on are pinned
 /// first, so that the statement reading the others runs under them.
 fn pin_settings() -> Result<(), String> {
     let lock_timeout = format!("{}ms", guc::PRUNE_LOCK_TIMEOUT.get());
@@ -258,8 +259,29 @@ fn pin_settings() -> Result<(), String> {
         ("TimeZone", "UTC"),
         ("DateStyle", "ISO, MDY"),
         ("IntervalStyle", "postgres"),
+        // `ALTER DATABASE ... SET role` is an ordinary setting pg_settings does not show:
+        // the worker runs as the role it connected as, nobody else.
+        ("role", "none"),
     ] {
         set_over_everything(name, value);
+    }
+    // From 17 on, a transaction_timeout would end the worker in the very transaction that
+    // reads the others.
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    set_over_everything("transaction_timeout", "0");
+    // And it is that role (a database's session_authorization would have changed it).
+    // SAFETY: plain reads of the backend's user ids, set while connecting.
+    let (user, session, authenticated) = unsafe {
+        (
+            pg_sys::GetUserId(),
+            pg_sys::GetSessionUserId(),
+            pg_sys::GetAuthenticatedUserId(),
+        )
+    };
+    if user != authenticated || session != authenticated {
+        return Err("a database or role setting changed the role it runs as \
+                    (role or session_authorization)"
+            .to_string());
     }
     // Then the others (those pinned above now come from the override, not the database).
     // Read and set in one transaction: a setting's check may look the catalog up.
@@ -271,7 +293,8 @@ fn pin_settings() -> Result<(), String> {
                         (ARRAY['database', 'user', 'database user']::pg_catalog.text[]) \
                     AND s.boot_val IS NOT NULL \
                     AND NOT pg_catalog.starts_with(s.name, 'dedup.') \
-                    AND NOT pg_catalog.starts_with(s.name, 'transaction_')",
+                    AND s.name OPERATOR(pg_catalog.<>) ALL (ARRAY['transaction_isolation', \
+                        'transaction_read_only', 'transaction_deferrable']::pg_catalog.text[])",
                 None,
                 &[],
             )?;

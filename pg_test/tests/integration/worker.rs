@@ -583,7 +583,8 @@ async fn short_day_zone(c: &Conn) -> Result<Option<String>> {
 /// Issue 24, findings 4 and 6: a database owner (`CREATEDB`, nothing else) sets, for every
 /// session of its database, a TimeZone whose daylight-saving jump makes '1 day' last one
 /// hour, and `enable_tidscan = off`, which makes every batch's DELETE a sequential scan of
-/// the whole table. The worker must keep a claim of a one-day scope that is two hours old,
+/// the whole table (and `role`, and from 17 on `transaction_timeout`, which stopped the
+/// first fix's passes there). The worker must keep a claim of a one-day scope that is two hours old,
 /// and read the table once per pass, not once per batch. Before the fix the claim was
 /// pruned (and the job would run again) and the DELETEs read the table again per batch.
 pub async fn a_database_owners_settings_do_not_change_a_pass(_ctx: Ctx) -> Result<()> {
@@ -620,6 +621,21 @@ pub async fn a_database_owners_settings_do_not_change_a_pass(_ctx: Ctx) -> Resul
             "ALTER DATABASE tz SET TimeZone = '{zone}'; ALTER DATABASE tz SET enable_tidscan = off"
         ))
         .await?;
+    // Settings pg_settings does not show (role: the worker would run as mallory, who may
+    // not touch the claim table), and, from 17 on, a transaction_timeout that would end
+    // the worker in its first batch.
+    owner
+        .batch_execute("ALTER DATABASE tz SET role = mallory")
+        .await?;
+    let version: i32 = c
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
+    if version >= 170_000 {
+        owner
+            .batch_execute("ALTER DATABASE tz SET transaction_timeout = '1ms'")
+            .await?;
+    }
     // The table's reads so far; from here on only the worker reads it.
     let reads = "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables \
                  WHERE relid = 'dedup.processed'::regclass";
