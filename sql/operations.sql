@@ -338,3 +338,91 @@ BEGIN
     END IF;
 END
 $$;
+
+-- dedup 0.6.0: a claim is kept its retention from when it became visible (issue 24,
+-- finding 5). sql/dedup--0.5.0--0.6.0.sql makes the same changes for an upgrade.
+--
+-- A claim's processed_at is its transaction's start, which is all a row can know of
+-- itself: a transaction (or a prepared one, Citus's included) that lasts longer than the
+-- retention would otherwise commit a claim already old enough to prune. Every pass first
+-- records a horizon: the oldest transaction still running when it read its snapshot
+-- (pg_snapshot_xmin), so every transaction ID below it had ended by then. A claim is pruned
+-- only if its row's xmin is below the horizon of a pass at least a retention old: it was
+-- visible for a whole retention. Until a pass that old exists (after CREATE EXTENSION, or
+-- ALTER EXTENSION UPDATE, the row below), claims older than the oldest horizon are judged
+-- by processed_at alone, as before; on a server of its own no transaction it took began
+-- before then.
+CREATE TABLE dedup._horizons (
+    at      pg_catalog.timestamptz NOT NULL PRIMARY KEY,
+    horizon pg_catalog.xid8 NOT NULL
+);
+COMMENT ON TABLE dedup._horizons IS
+    'Prune passes'' horizons: every transaction ID below horizon had ended at time at (written by dedup.prune and the worker; transaction IDs are this server''s, so never dumped).';
+REVOKE ALL ON TABLE dedup._horizons FROM PUBLIC;
+INSERT INTO dedup._horizons (at, horizon)
+    VALUES (pg_catalog.now(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()));
+
+-- Record a horizon at every pass, and forget those no cutoff needs: every one older than
+-- the newest that is the longest retention old, and, past the last step (a twentieth of the
+-- shortest retention, between 1 second and 1 hour), all but the newest of each step.
+-- global_retention: dedup.retention, in seconds.
+CREATE FUNCTION dedup._mark_horizon(global_retention pg_catalog.float8)
+RETURNS void
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$
+    INSERT INTO dedup._horizons (at, horizon)
+    VALUES (pg_catalog.clock_timestamp(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()))
+    ON CONFLICT DO NOTHING;
+    WITH s AS (
+        SELECT GREATEST(1, LEAST(3600, pg_catalog.min(a.secs) OPERATOR(pg_catalog./) 20)) AS step,
+               pg_catalog.max(a.secs) AS longest
+          FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs
+                  FROM dedup.scope_retention AS t
+                UNION ALL SELECT global_retention) AS a),
+    r AS (
+        SELECT s.step,
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => s.step) AS recent,
+               (SELECT pg_catalog.max(k.at) FROM dedup._horizons AS k
+                 WHERE k.at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                       pg_catalog.make_interval(secs => s.longest))) AS needed
+          FROM s)
+    DELETE FROM dedup._horizons AS h
+     USING r
+     WHERE h.at OPERATOR(pg_catalog.<) r.needed
+        OR (h.at OPERATOR(pg_catalog.<) r.recent
+            AND EXISTS (SELECT FROM dedup._horizons AS k
+                         WHERE k.at OPERATOR(pg_catalog.>) h.at
+                           AND k.at OPERATOR(pg_catalog.<) r.recent
+                           AND pg_catalog.floor(pg_catalog.date_part('epoch', k.at) OPERATOR(pg_catalog./) r.step)
+                               OPERATOR(pg_catalog.=)
+                               pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) r.step)));
+$$;
+REVOKE ALL ON FUNCTION dedup._mark_horizon(pg_catalog.float8) FROM PUBLIC;
+
+-- The horizon a claim older than cutoff must be below to be pruned, as an xid: NULL when
+-- no pass is that old (judge by processed_at alone), and 0 (which no xid's age exceeds)
+-- when the newest such pass is two billion transactions ago or more, too far for a 32-bit
+-- xid: nothing is pruned then, rather than something too young (docs/retention.md).
+CREATE FUNCTION dedup._horizon(cutoff pg_catalog.timestamptz)
+RETURNS pg_catalog.xid
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+             WHEN m.h IS NULL THEN NULL
+             WHEN (pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::pg_catalog.text::pg_catalog.int8
+                   OPERATOR(pg_catalog.-) m.h::pg_catalog.text::pg_catalog.int8)
+                  OPERATOR(pg_catalog.<) 2000000000
+               THEN pg_catalog.xid(m.h)
+             ELSE '0'::pg_catalog.xid
+           END
+      FROM (SELECT pg_catalog.max(h.horizon) AS h FROM dedup._horizons AS h
+             WHERE h.at OPERATOR(pg_catalog.<=) cutoff) AS m
+$$;
+REVOKE ALL ON FUNCTION dedup._horizon(pg_catalog.timestamptz) FROM PUBLIC;
+
+-- Where the worker's last pass over all scopes stopped when its share of time ran out
+-- (issue 24, finding 6: a database is visited at most a minute, or one prune interval if
+-- shorter, at a time, and the next visit goes on from there); NULL after a whole pass.
+ALTER TABLE dedup._prune_status
+    ADD COLUMN resume_target pg_catalog.text,
+    ADD COLUMN resume_block  pg_catalog.int8;

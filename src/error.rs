@@ -251,6 +251,25 @@ pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is
     .report(PgLogLevel::WARNING);
 }
 
+/// A retention whose horizon is too many transactions back for a 32-bit xid (issue 24,
+/// finding 5): its claims are kept, not pruned, until it is shorter.
+pub fn warn_horizon_too_old(what: &str) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("dedup: no claim under {what} can be pruned now"),
+        "dedup",
+    )
+    .set_detail(
+        "A claim is pruned once the prune pass a whole retention ago saw its transaction \
+         ended; that pass was two billion transactions ago or more, too far back to compare.",
+    )
+    .set_hint(
+        "Shorten the retention so that it spans fewer transactions, or prune more often; \
+         the claims are kept meanwhile.",
+    )
+    .report(PgLogLevel::WARNING);
+}
+
 /// `dedup.processed` is a Citus table, but not one distributed by job_id.
 pub fn not_hash_distributed(partmethod: &str) -> ! {
     raise(

@@ -75,6 +75,9 @@ pub struct Pass {
     pub deleted: i64,
     pub per_scope: BTreeMap<String, i64>,
     pub elapsed: Duration,
+    /// Where a pass that `stop` ended early stopped: the target's name and the first block
+    /// of the range it had not finished (the worker's next visit goes on from there).
+    pub stopped_at: Option<(String, u32)>,
 }
 
 /// Who runs the batches' transactions.
@@ -90,40 +93,76 @@ pub enum Transactions<'a> {
     },
 }
 
-/// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch.
+/// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch, and the
+/// horizons a claim's xmin must be below (issue 24, finding 5: `dedup._horizon`).
 struct Cutoffs {
     /// The batch transaction's start (`now()`).
     now: i64,
-    global: i64,
-    scopes: HashMap<String, i64>,
+    global: Cutoff,
+    scopes: HashMap<String, Cutoff>,
+}
+
+/// One retention's cutoff and horizon.
+#[derive(Clone)]
+struct Cutoff {
+    /// Claims whose processed_at is before this are expired.
+    at: i64,
+    /// The xid (as text) an expired claim's xmin must be older than: None when no pass is
+    /// old enough (processed_at alone decides), Some("0") when nothing may be pruned.
+    horizon: Option<String>,
+}
+
+impl Cutoff {
+    /// Nothing of this retention may be pruned now (its horizon is too far back).
+    fn blocked(&self) -> bool {
+        self.horizon.as_deref() == Some("0")
+    }
 }
 
 impl Cutoffs {
-    /// Read the retentions in force now (inside a transaction).
-    fn load() -> Cutoffs {
+    /// Read the retentions in force now (inside a transaction). `horizons`: the extension
+    /// has dedup._horizons (0.6.0 on; older versions judge by processed_at alone).
+    fn load(horizons: bool) -> Cutoffs {
         // SAFETY: GetCurrentTransactionStartTimestamp only returns the backend-global
         // xactStartTimestamp (no ERROR), through pgrx's guarded binding; we are inside a
         // transaction (dedup.prune()'s, or in_transaction's), on the main thread.
         let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-        let global = now - i64::from(guc::RETENTION.get()) * 1_000_000;
-        let scopes = Spi::connect(|c| {
-            let rows = c.select(
-                // In UTC: a day is 24 hours whatever the session's TimeZone (issue 24, finding
-                // 4: a zone with a daylight-saving jump of 23 hours made '1 day' last one).
-                "SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
-                    pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
-                    OPERATOR(pg_catalog.-) r.retention) \
-                 FROM dedup.scope_retention AS r",
-                None,
-                &[],
-            )?;
+        let global_at = now - i64::from(guc::RETENTION.get()) * 1_000_000;
+        let horizon = if horizons {
+            "dedup._horizon(c.cutoff)::pg_catalog.text"
+        } else {
+            "NULL::pg_catalog.text"
+        };
+        // In UTC: a day is 24 hours whatever the session's TimeZone (issue 24, finding 4: a
+        // zone with a daylight-saving jump of 23 hours made '1 day' last one). The row with
+        // scope NULL is dedup.retention's.
+        let query = format!(
+            "SELECT c.scope, c.cutoff, {horizon} \
+               FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
+                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
+                            OPERATOR(pg_catalog.-) r.retention) AS cutoff \
+                       FROM dedup.scope_retention AS r \
+                     UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c"
+        );
+        let (global, scopes) = Spi::connect(|c| {
+            let rows = c.select(&query, None, &[DatumWithOid::from(timestamp(global_at))])?;
+            let mut global = None;
             let mut scopes = HashMap::new();
             for row in rows {
-                let scope: String = row.get(1)?.unwrap_or_default();
-                let cutoff: TimestampWithTimeZone = row.get(2)?.expect("retention is NOT NULL");
-                scopes.insert(scope, pg_sys::TimestampTz::from(cutoff));
+                let scope: Option<String> = row.get(1)?;
+                let at: TimestampWithTimeZone = row.get(2)?.expect("retention is NOT NULL");
+                let cutoff = Cutoff {
+                    at: pg_sys::TimestampTz::from(at),
+                    horizon: row.get(3)?,
+                };
+                match scope {
+                    Some(scope) => {
+                        scopes.insert(scope, cutoff);
+                    }
+                    None => global = Some(cutoff),
+                }
             }
-            Ok::<_, pgrx::spi::Error>(scopes)
+            Ok::<_, pgrx::spi::Error>((global.expect("the row of dedup.retention"), scopes))
         })
         .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.scope_retention failed: {e}"));
         Cutoffs {
@@ -133,16 +172,21 @@ impl Cutoffs {
         }
     }
 
-    /// The scopes' cutoffs as two parallel arrays, for a statement's parameters.
-    fn arrays(&self) -> (Vec<String>, Vec<TimestampWithTimeZone>) {
-        self.scopes
-            .iter()
-            .map(|(s, c)| (s.clone(), timestamp(*c)))
-            .unzip()
+    /// The scopes' cutoffs and horizons as parallel arrays, for a statement's parameters.
+    fn arrays(&self) -> (Vec<String>, Vec<TimestampWithTimeZone>, Vec<Option<String>>) {
+        let mut scopes = Vec::new();
+        let mut ats = Vec::new();
+        let mut horizons = Vec::new();
+        for (s, c) in &self.scopes {
+            scopes.push(s.clone());
+            ats.push(timestamp(c.at));
+            horizons.push(c.horizon.clone());
+        }
+        (scopes, ats, horizons)
     }
 
-    fn of(&self, scope: &str) -> i64 {
-        *self.scopes.get(scope).unwrap_or(&self.global)
+    fn of(&self, scope: &str) -> &Cutoff {
+        self.scopes.get(scope).unwrap_or(&self.global)
     }
 }
 
@@ -292,7 +336,9 @@ unsafe fn expired_in_range(
         let row_scope =
             <&str>::from_datum(pg_sys::slot_getattr(slot, claim::SCOPE, &mut isnull), false)
                 .expect("scope is NOT NULL");
-        if scope.is_some_and(|s| s != row_scope) || at >= cutoffs.of(row_scope) {
+        let cutoff = cutoffs.of(row_scope);
+        // A claim's xmin is checked against its retention's horizon by the DELETE.
+        if scope.is_some_and(|s| s != row_scope) || at >= cutoff.at || cutoff.blocked() {
             continue;
         }
         // A lease still running is never pruned, however old its claim.
@@ -323,6 +369,7 @@ fn delete_expired(
     target: &Target,
     tids: Vec<pg_sys::ItemPointerData>,
     layout: claim::Layout,
+    horizons: bool,
     per_scope: &mut BTreeMap<String, i64>,
 ) -> i64 {
     // A lease still running is never pruned (the lease columns exist from 0.3.0 on).
@@ -333,64 +380,46 @@ fn delete_expired(
                   OR p.lease_expires_at OPERATOR(pg_catalog.<) pg_catalog.now())"
         }
     };
-    // The age is checked again at DELETE time, against the retentions in force then. On
-    // dedup.processed the DELETE joins dedup.scope_retention; on a Citus shard placement it
-    // cannot (that table is a Citus reference table), so the retentions are read again just
-    // before it and passed in.
-    let shard_cutoffs = target.relid.map(|_| Cutoffs::load());
-    let query = match shard_cutoffs {
-        None => format!(
-            "WITH expired AS ( \
-                 SELECT p.ctid FROM {table} AS p \
-                  WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
-                    AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                          (SELECT pg_catalog.timezone('UTC'::pg_catalog.text, \
-                                  pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
-                                  OPERATOR(pg_catalog.-) r.retention) \
-                             FROM dedup.scope_retention AS r \
-                            WHERE r.scope OPERATOR(pg_catalog.=) p.scope), \
-                          pg_catalog.now() OPERATOR(pg_catalog.-) \
-                            pg_catalog.make_interval(secs => $2::pg_catalog.float8)) \
-                    {leases} \
-                  FOR UPDATE OF p SKIP LOCKED) \
-             DELETE FROM {table} AS p \
-              WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
-             RETURNING p.scope",
-            table = target.name
-        ),
-        Some(_) => format!(
-            "WITH expired AS ( \
-                 SELECT p.ctid FROM {table} AS p \
-                  WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
-                    AND p.processed_at OPERATOR(pg_catalog.<) COALESCE( \
-                          (SELECT c.cutoff \
-                             FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), \
-                                             pg_catalog.unnest($4::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
-                            WHERE c.scope OPERATOR(pg_catalog.=) p.scope), \
-                          $2::pg_catalog.timestamptz) \
-                    {leases} \
-                  FOR UPDATE OF p SKIP LOCKED) \
-             DELETE FROM {table} AS p \
-              WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
-             RETURNING p.scope",
-            table = target.name
-        ),
-    };
-    let args = match &shard_cutoffs {
-        None => vec![
-            DatumWithOid::from(tids),
-            DatumWithOid::from(f64::from(guc::RETENTION.get())),
-        ],
-        Some(cutoffs) => {
-            let (scopes, limits) = cutoffs.arrays();
-            vec![
-                DatumWithOid::from(tids),
-                DatumWithOid::from(timestamp(cutoffs.global)),
-                DatumWithOid::from(scopes),
-                DatumWithOid::from(limits),
-            ]
-        }
-    };
+    // The age is checked again at DELETE time, against the retentions in force then, read
+    // again just before it and passed in (a Citus shard placement cannot join
+    // dedup.scope_retention, a reference table). A claim is deleted only if it is older
+    // than its cutoff and, when its retention has a horizon, its row's xmin is older than
+    // the horizon: it was visible a whole retention ago (issue 24, finding 5). The ages of
+    // both are taken from the same transaction ID, so the comparison is exact for rows less
+    // than two billion transactions old (older ones come out negative: kept).
+    let cutoffs = Cutoffs::load(horizons);
+    let query = format!(
+        "WITH c AS ( \
+             SELECT * FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), \
+                                      pg_catalog.unnest($4::pg_catalog.timestamptz[]), \
+                                      pg_catalog.unnest($5::pg_catalog.text[])) AS c(scope, cutoff, horizon)), \
+         expired AS ( \
+             SELECT p.ctid FROM {table} AS p \
+               LEFT JOIN c ON c.scope OPERATOR(pg_catalog.=) p.scope \
+              CROSS JOIN LATERAL ( \
+                    SELECT CASE WHEN c.scope IS NULL THEN $2::pg_catalog.timestamptz ELSE c.cutoff END AS cutoff, \
+                           CASE WHEN c.scope IS NULL THEN $6::pg_catalog.text ELSE c.horizon END::pg_catalog.xid AS horizon \
+                    ) AS l \
+              WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
+                AND p.processed_at OPERATOR(pg_catalog.<) l.cutoff \
+                AND (l.horizon IS NULL \
+                     OR pg_catalog.age(p.xmin) OPERATOR(pg_catalog.>) pg_catalog.age(l.horizon)) \
+                {leases} \
+              FOR UPDATE OF p SKIP LOCKED) \
+         DELETE FROM {table} AS p \
+          WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
+         RETURNING p.scope",
+        table = target.name
+    );
+    let (scopes, ats, scope_horizons) = cutoffs.arrays();
+    let args = vec![
+        DatumWithOid::from(tids),
+        DatumWithOid::from(timestamp(cutoffs.global.at)),
+        DatumWithOid::from(scopes),
+        DatumWithOid::from(ats),
+        DatumWithOid::from(scope_horizons),
+        DatumWithOid::from(cutoffs.global.horizon.clone()),
+    ];
     Spi::connect_mut(|c| {
         if target.relid.is_some() {
             // A shard placement: Citus refuses changes made to it by name unless told.
@@ -400,7 +429,7 @@ fn delete_expired(
                 &[],
             )?;
         }
-        let rows = c.update(query.as_str(), None, &args)?;
+        let rows = with_tid_plans(|| c.update(query.as_str(), None, &args))?;
         let mut n = 0;
         for row in rows {
             let scope: String = row.get(1)?.unwrap_or_default();
@@ -410,6 +439,38 @@ fn delete_expired(
         Ok::<_, pgrx::spi::Error>(n)
     })
     .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))
+}
+
+/// Run `f` (one batch's DELETE) with the planner held to TID scans: `enable_seqscan` off and
+/// `enable_tidscan` on for its duration, as a function's `SET` clause would set them (a GUC
+/// nest level, undone after `f`, and by the abort of the (sub)transaction on an error).
+/// The DELETE finds its rows by TID; on a small table, or with many TIDs, the planner
+/// could otherwise read the whole table for every batch (issue 24, finding 6).
+fn with_tid_plans<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: NewGUCNestLevel only increments a counter; set_config_option with
+    // GUC_ACTION_SAVE saves the old values at that level (the names and values are
+    // 'static NUL-terminated strings it copies; both settings exist and accept them, so
+    // no ERROR); AtEOXact_GUC(true, level) restores them, as fmgr does after a function
+    // with SET clauses. An ERROR in `f` unwinds past the restore; the (sub)transaction's
+    // abort then restores every setting saved at a deeper level.
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        for (name, value) in [(c"enable_seqscan", c"off"), (c"enable_tidscan", c"on")] {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        let result = f();
+        pg_sys::AtEOXact_GUC(true, level);
+        result
+    }
 }
 
 /// A `timestamptz` of microseconds since 2000-01-01.
@@ -441,9 +502,10 @@ fn batch(
     after: Option<pg_sys::ItemPointerData>,
     scope: Option<&str>,
     limit: usize,
+    horizons: bool,
     pass: &mut Pass,
 ) -> Batch {
-    let cutoffs = Cutoffs::load();
+    let cutoffs = Cutoffs::load(horizons);
     // SAFETY: inside a transaction with a snapshot (in_transaction, or the caller's); the
     // function's errors are raised through the guard of the #[pg_extern] or in_transaction.
     let Some((tids, layout)) =
@@ -453,7 +515,7 @@ fn batch(
     };
     let last = (tids.len() == limit).then(|| tids[limit - 1]);
     if !tids.is_empty() {
-        pass.deleted += delete_expired(target, tids, layout, &mut pass.per_scope);
+        pass.deleted += delete_expired(target, tids, layout, horizons, &mut pass.per_scope);
     }
     match last {
         Some(tid) => Batch::Full(tid),
@@ -505,27 +567,78 @@ pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     result
 }
 
+/// Does this database's dedup have `dedup._horizons` (0.6.0 on), as a member of the
+/// extension? (Inside a transaction.)
+fn has_horizons() -> bool {
+    // SAFETY: syscache lookups inside a transaction, under the caller's guard (the
+    // #[pg_extern] dedup.prune(), or in_transaction's PgTry); InvalidOid for a missing name
+    // or an object of no extension; the names are 'static NUL-terminated C strings.
+    unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+        if nsp == pg_sys::InvalidOid {
+            return false;
+        }
+        let relid = pg_sys::get_relname_relid(c"_horizons".as_ptr(), nsp);
+        relid != pg_sys::InvalidOid
+            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid)
+                == pg_sys::get_extension_oid(c"dedup".as_ptr(), true)
+    }
+}
+
+/// At a pass's start: record this moment's horizon (dedup._mark_horizon), and warn of a
+/// retention whose horizon is too far back to prune anything. Returns whether the
+/// database has horizons (a database still on an older version of dedup has none).
+fn mark_horizon(scope: Option<&str>) -> bool {
+    if !has_horizons() {
+        return false;
+    }
+    Spi::run_with_args(
+        "SELECT dedup._mark_horizon($1::pg_catalog.float8)",
+        &[DatumWithOid::from(f64::from(guc::RETENTION.get()))],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune horizon failed: {e}"));
+    let cutoffs = Cutoffs::load(true);
+    if cutoffs.global.blocked() {
+        error::warn_horizon_too_old("dedup.retention");
+    }
+    for (s, c) in &cutoffs.scopes {
+        if c.blocked() && scope.is_none_or(|only| only == s) {
+            error::warn_horizon_too_old(&format!("the retention of scope '{s}'"));
+        }
+    }
+    true
+}
+
 /// Sweep the claim table once, deleting expired claims of `scope` (all scopes when None),
 /// at most `max_rows` (no limit when None).
 pub fn run_pass(
     scope: Option<&str>,
     max_rows: Option<i64>,
     transactions: &Transactions,
+    resume: Option<&(String, u32)>,
 ) -> Result<Pass, String> {
     let started = Instant::now();
     let mut pass = Pass::default();
     let batch_size = guc::PRUNE_BATCH_SIZE.get() as i64;
-    let targets = match transactions {
-        Transactions::Caller => targets(),
-        Transactions::PerBatch { .. } => in_transaction(targets)?,
+    let (targets, horizons) = match transactions {
+        Transactions::Caller => (targets(), mark_horizon(scope)),
+        Transactions::PerBatch { .. } => in_transaction(|| (targets(), mark_horizon(scope)))?,
     };
-    'targets: for target in &targets {
+    // Going on from where an earlier pass stopped: the targets before its target are done
+    // (a target that is gone since, a moved shard, means starting over).
+    let skip = resume
+        .and_then(|(name, _)| targets.iter().position(|t| &t.name == name))
+        .unwrap_or(0);
+    'targets: for (i, target) in targets.iter().enumerate().skip(skip) {
         let blocks = match transactions {
             Transactions::Caller => table_blocks(target),
             Transactions::PerBatch { .. } => in_transaction(|| table_blocks(target))?,
         };
         debug1!("dedup: pruning {} ({blocks} blocks)", target.name);
-        let mut start = 0;
+        let mut start = match resume {
+            Some((name, block)) if i == skip && &target.name == name => *block,
+            _ => 0,
+        };
         // Where a full batch stopped in the range that starts at `start`.
         let mut after = None;
         while start < blocks {
@@ -538,16 +651,21 @@ pub fn run_pass(
             let found = match transactions {
                 Transactions::Caller => {
                     pg_sys::check_for_interrupts!();
-                    batch(target, start, count, after, scope, limit, &mut pass)
+                    batch(
+                        target, start, count, after, scope, limit, horizons, &mut pass,
+                    )
                 }
                 Transactions::PerBatch { stop, pause } => {
                     if stop() {
                         pass.elapsed = started.elapsed();
+                        pass.stopped_at = Some((target.name.clone(), start));
                         return Ok(pass);
                     }
                     let before = pass.deleted;
                     let found = in_transaction(|| {
-                        batch(target, start, count, after, scope, limit, &mut pass)
+                        batch(
+                            target, start, count, after, scope, limit, horizons, &mut pass,
+                        )
                     })?;
                     if pass.deleted > before {
                         pause();
@@ -601,17 +719,61 @@ pub fn record_pass(scope: Option<&str>, pass: &Pass, by: &str) {
         DatumWithOid::from(pass.elapsed.as_secs_f64()),
         DatumWithOid::from(by),
     ];
+    // A whole pass: the next one starts from the beginning (0.6.0 keeps where a worker's
+    // pass cut short stopped; older versions have no such columns).
+    let resume = if has_horizons() {
+        ", resume_target = NULL, resume_block = NULL"
+    } else {
+        ""
+    };
     Spi::run_with_args(
-        "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
-         SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), $4 \
-           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
-                           pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
-         ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
-             rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
-             pruned_by = excluded.pruned_by, consecutive_failures = 0",
+        &format!(
+            "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
+             SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), $4 \
+               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+                               pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
+             ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
+                 rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
+                 pruned_by = excluded.pruned_by, consecutive_failures = 0{resume}"
+        ),
         &args,
     )
     .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune failed: {e}"));
+}
+
+/// Where the worker's last pass over all scopes was cut short (its share of time was up),
+/// if it was: the next one goes on from there (0.6.0 on).
+pub fn load_resume() -> Option<(String, u32)> {
+    if !has_horizons() {
+        return None;
+    }
+    let row = Spi::get_two::<String, i64>(
+        "SELECT s.resume_target, s.resume_block FROM dedup._prune_status AS s \
+          WHERE s.scope OPERATOR(pg_catalog.=) ''",
+    );
+    match row {
+        Ok((Some(target), Some(block))) => Some((target, u32::try_from(block).unwrap_or(0))),
+        _ => None,
+    }
+}
+
+/// Keep where a pass cut short stopped, for the next one (no pass is recorded: the row's
+/// last_pass_at stays that of the last whole pass).
+pub fn save_resume(at: &(String, u32)) {
+    if !has_horizons() {
+        return;
+    }
+    Spi::run_with_args(
+        "INSERT INTO dedup._prune_status AS s (scope, pruned_by, resume_target, resume_block) \
+         VALUES ('', 'worker', $1, $2) \
+         ON CONFLICT (scope) DO UPDATE SET resume_target = excluded.resume_target, \
+             resume_block = excluded.resume_block",
+        &[
+            DatumWithOid::from(at.0.as_str()),
+            DatumWithOid::from(i64::from(at.1)),
+        ],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: recording where the prune stopped failed: {e}"));
 }
 
 /// Record a failed worker pass; returns how many passes in a row have failed.
@@ -680,8 +842,8 @@ fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, 
     }
     // Waits for a running prune of this database (the worker's, or another session's).
     lock_for_transaction();
-    let pass =
-        run_pass(scope, max_rows, &Transactions::Caller).expect("errors are raised, not returned");
+    let pass = run_pass(scope, max_rows, &Transactions::Caller, None)
+        .expect("errors are raised, not returned");
     // SAFETY: GetSessionUserId reads a backend-global (an Assert only);
     // GetUserNameFromId(noerr = false) raises an ERROR for a role that no longer exists,
     // through this #[pg_extern]'s guard, and otherwise returns a NUL-terminated name
@@ -743,8 +905,8 @@ fn prune_forgotten(scope: Option<&str>) -> i64 {
     if !member {
         return 0;
     }
-    let cutoffs = Cutoffs::load();
-    let (scopes, limits) = cutoffs.arrays();
+    let cutoffs = Cutoffs::load(false);
+    let (scopes, limits, _) = cutoffs.arrays();
     Spi::connect_mut(|c| {
         c.update(
             "DELETE FROM dedup.forgotten AS f \
@@ -757,7 +919,7 @@ fn prune_forgotten(scope: Option<&str>) -> i64 {
                 AND ($4::pg_catalog.text IS NULL OR f.scope OPERATOR(pg_catalog.=) $4)",
             None,
             &[
-                DatumWithOid::from(timestamp(cutoffs.global)),
+                DatumWithOid::from(timestamp(cutoffs.global.at)),
                 DatumWithOid::from(scopes),
                 DatumWithOid::from(limits),
                 DatumWithOid::from(scope),

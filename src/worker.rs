@@ -547,7 +547,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         stop: &stop,
         pause: &pause,
     };
-    let result = prune::run_pass(None, None, &transactions);
+    let result = prune::run_pass(None, None, &transactions, None);
     if leaving.get() {
         log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped or renamed, or its settings could not be pinned again after a reload");
         return;

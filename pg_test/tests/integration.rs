@@ -100,6 +100,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     retention::a_retention_under_a_minute_warns,
     retention::claims_racing_a_prune_of_their_keys_have_one_winner,
     retention::claims_locked_by_another_role_do_not_stop_a_prune,
+    retention::a_claim_is_kept_its_retention_from_commit,
     retention::retention_is_the_same_in_every_session,
     retention::set_by_names_the_caller,
     worker::worker_prunes_every_database_with_the_extension,
@@ -269,7 +270,9 @@ fn main() -> ExitCode {
     }
     cluster::stop_all_on_signal();
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cluster = match Cluster::start(Options::named("integration")) {
+    let cluster = match Cluster::start(
+        Options::named("integration").set("max_prepared_transactions", "10"),
+    ) {
         Ok(c) => Arc::new(c),
         Err(e) => {
             eprintln!("could not start the test server: {e:#}");

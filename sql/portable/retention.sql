@@ -28,6 +28,8 @@ DECLARE
     f           constant text := 'dedup.prune';
     retention_s int;
     global_cut  interval;
+    global_at   timestamptz;
+    global_h    xid;
     batch_size  int;
     started     timestamptz;
     blocks      bigint;
@@ -51,6 +53,11 @@ BEGIN
     -- Waits for a pass already running in this database.
     LOCK TABLE dedup._prune_status IN SHARE UPDATE EXCLUSIVE MODE;
     started := clock_timestamp();
+    -- This pass's horizon, and the one a claim's xmin must be below (sql/operations.sql,
+    -- dedup._horizons: a claim is kept its retention from its commit).
+    PERFORM dedup._mark_horizon(retention_s);
+    global_at := timezone('UTC', timezone('UTC', now()) - global_cut);
+    global_h := dedup._horizon(global_at);
 
     blocks := pg_relation_size('dedup.processed'::regclass) / current_setting('block_size')::bigint;
     WHILE first_block < blocks LOOP
@@ -61,17 +68,26 @@ BEGIN
         span := least(1024, blocks - first_block);
         n := 0;
         FOR r IN
-            WITH gone AS (
+            WITH cut AS (
+                SELECT s.scope, c.at, dedup._horizon(c.at) AS horizon
+                  FROM dedup.scope_retention AS s
+                 CROSS JOIN LATERAL (SELECT timezone('UTC', timezone('UTC', now()) - s.retention) AS at) AS c),
+            gone AS (
                 DELETE FROM dedup.processed AS p
                  WHERE p.ctid = ANY (ARRAY(
                         SELECT q.ctid
                           FROM dedup.processed AS q
-                          LEFT JOIN dedup.scope_retention AS s ON s.scope = q.scope
+                          LEFT JOIN cut ON cut.scope = q.scope
+                         CROSS JOIN LATERAL (
+                               SELECT CASE WHEN cut.scope IS NULL THEN global_at ELSE cut.at END AS at,
+                                      CASE WHEN cut.scope IS NULL THEN global_h ELSE cut.horizon END AS horizon) AS l
                          WHERE q.ctid >= format('(%s,0)', first_block)::tid
                            AND q.ctid < format('(%s,0)', first_block + span)::tid
                            AND (prune.scope IS NULL OR q.scope = prune.scope)
                            -- in UTC: a day is 24 hours whatever the session's TimeZone
-                           AND q.processed_at < timezone('UTC', timezone('UTC', now()) - coalesce(s.retention, global_cut))
+                           AND q.processed_at < l.at
+                           -- committed a whole retention ago (age(0) exceeds every age)
+                           AND (l.horizon IS NULL OR age(q.xmin) > age(l.horizon))
                            -- a lease still running is never pruned
                            AND (q.lease_expires_at IS NULL OR q.lease_expires_at < now())
                          LIMIT lim

@@ -1,6 +1,6 @@
 //! Retention over real connections: who may prune, warnings for a retention that defeats
 //! deduplication, and claims racing a prune of their own keys.
-use crate::common::{ensure_eq, expect_sqlstate, unprivileged, Ctx};
+use crate::common::{claim, ensure_eq, expect_sqlstate, unprivileged, Ctx};
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 
@@ -216,6 +216,80 @@ pub async fn claims_locked_by_another_role_do_not_stop_a_prune(ctx: Ctx) -> Resu
         .await?
         .get(0);
     ensure_eq(pruned, 100, "the claims pruned once their locks were gone")?;
+    Ok(())
+}
+
+/// Issue 24, finding 5: a claim's processed_at is its transaction's start, so a transaction
+/// (or a prepared one) that lasts longer than the retention commits a claim that looks
+/// expired at once. It is kept its retention from its commit: a prune right after the
+/// commits deletes neither, a copy delivered then finds both, and a prune a retention later
+/// deletes them. Before the fix the first prune deleted both and the copies ran again.
+pub async fn a_claim_is_kept_its_retention_from_commit(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    admin
+        .batch_execute("SELECT dedup.set_retention('late', '2 seconds')")
+        .await?;
+    let long = ctx.connect().await?;
+    long.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(
+            &long,
+            "SELECT dedup.try_claim('in-a-long-transaction', 'late')",
+        )
+        .await?,
+        true,
+        "the long transaction's claim",
+    )?;
+    let prepared = ctx.connect().await?;
+    prepared.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&prepared, "SELECT dedup.try_claim('prepared', 'late')").await?,
+        true,
+        "the prepared transaction's claim",
+    )?;
+    let gid = format!("late-{}", ctx.db);
+    prepared
+        .batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
+        .await?;
+    // Both last longer than the retention, then commit.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    long.batch_execute("COMMIT").await?;
+    admin
+        .batch_execute(&format!("COMMIT PREPARED '{gid}'"))
+        .await?;
+    let old: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM dedup.processed \
+              WHERE scope = 'late' AND processed_at < now() - interval '3 seconds'",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(
+        old,
+        2,
+        "claims stamped more than a retention before their commit",
+    )?;
+    let pruned: i64 = admin
+        .query_one("SELECT dedup.prune('late')", &[])
+        .await?
+        .get(0);
+    ensure_eq(pruned, 0, "claims pruned right after their commit")?;
+    let copy = ctx.connect().await?;
+    for job in ["in-a-long-transaction", "prepared"] {
+        ensure_eq(
+            claim(&copy, &format!("SELECT dedup.try_claim('{job}', 'late')")).await?,
+            false,
+            &format!("a copy of {job} delivered right after the commit"),
+        )?;
+    }
+    // A retention after the commits (and after the prune that saw them ended), they go.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    let pruned: i64 = admin
+        .query_one("SELECT dedup.prune('late')", &[])
+        .await?
+        .get(0);
+    ensure_eq(pruned, 2, "claims pruned a retention after their commit")?;
     Ok(())
 }
 

@@ -547,8 +547,10 @@ pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()
     let cluster = start(preloaded("worker-schema")).await?;
     let admin = dedup_pg_test::connect(&cluster.dsn("postgres")).await?;
     admin.batch_execute("CREATE ROLE mallory LOGIN").await?;
-    let owned = database_with_claims(&cluster, "owned", 500, 10).await?;
-    let granted = database_with_claims(&cluster, "granted", 500, 10).await?;
+    // The expired claims go in after the schema is changed: a pass in between would prune
+    // them (the worker runs every second).
+    let owned = database_with_claims(&cluster, "owned", 0, 10).await?;
+    let granted = database_with_claims(&cluster, "granted", 0, 10).await?;
     let fine = database_with_claims(&cluster, "fine", 500, 10).await?;
     owned
         .batch_execute("ALTER SCHEMA dedup OWNER TO mallory")
@@ -556,6 +558,13 @@ pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()
     granted
         .batch_execute("GRANT CREATE ON SCHEMA dedup TO mallory")
         .await?;
+    for c in [&owned, &granted] {
+        c.batch_execute(
+            "INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' \
+               FROM generate_series(1, 500) g",
+        )
+        .await?;
+    }
     eventually(30, "the database whose schema is safe pruned", || async {
         Ok(count(&fine, EXPIRED).await? == 0)
     })

@@ -530,6 +530,8 @@ pub async fn prune_role_with_the_documented_grants(_ctx: Ctx) -> Result<()> {
         "GRANT SELECT, UPDATE, DELETE ON dedup.processed TO pruner;
          GRANT SELECT, INSERT, UPDATE ON dedup._prune_status TO pruner;
          GRANT SELECT, DELETE ON dedup.forgotten TO pruner;
+         GRANT SELECT, INSERT, DELETE ON dedup._horizons TO pruner;
+         GRANT EXECUTE ON FUNCTION dedup._mark_horizon(float8), dedup._horizon(timestamptz) TO pruner;
          INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 500) g;",
     )
     .await?;
