@@ -1,7 +1,7 @@
 //! Batch claims and offsets per partition (issue 14): dedup.try_claim_many, dedup.advance,
 //! dedup.position, over real connections.
-use crate::common::{ensure_eq, expect_sqlstate, Ctx};
-use anyhow::{bail, Context, Result};
+use crate::common::{claim, ensure_eq, expect_sqlstate, Ctx};
+use anyhow::{bail, ensure, Context, Result};
 use dedup_pg_test::cluster;
 use dedup_pg_test::{connect, wait_until_blocked};
 use rand::seq::SliceRandom;
@@ -383,4 +383,139 @@ pub async fn advance_raises_each_partition_once(ctx: Ctx) -> Result<()> {
     )?;
     ensure_eq(direct.as_str(), "42501", "the table is the extension's")?;
     Ok(())
+}
+
+/// Security review 2 (issue 24), finding 9: any role could move any stream's marks, and
+/// `advance(stream, 0, 9223372036854775807)` made every later entry of that partition
+/// "done" for ever. A stream belongs to the role that first advanced it: another role's
+/// advance of it (a partition it has, a new one, the batch form) is refused with 42501
+/// naming the stream and its owner, and moves nothing; a member of the owner and a
+/// superuser advance it; an administrator gives it to another role with an UPDATE; a role
+/// racing the owner's first advance of a new stream waits for it and is then refused.
+pub async fn only_a_streams_owner_advances_it(ctx: Ctx) -> Result<()> {
+    let admin = ctx.connect().await?;
+    let (a_role, a) = crate::common::unprivileged(&ctx, "stream_a", "").await?;
+    let (b_role, b) = crate::common::unprivileged(&ctx, "stream_b", "").await?;
+    let (_, member) =
+        crate::common::unprivileged(&ctx, "stream_m", &format!("GRANT {a_role} TO {{role}};"))
+            .await?;
+    ensure_eq(
+        claim(&a, "SELECT dedup.advance('s', 0, 10)").await?,
+        true,
+        "the first advance of s, by a",
+    )?;
+    for sql in [
+        "SELECT dedup.advance('s', 0, 11)",
+        "SELECT dedup.advance('s', 1, 5)",
+        "SELECT dedup.advance('s', 0, 11, 9223372036854775807)",
+        "SELECT dedup.advance('s', 2, 0, 9223372036854775807)",
+    ] {
+        let e = match b.query(sql, &[]).await {
+            Ok(rows) => bail!("{sql} as b: expected 42501, got {} rows", rows.len()),
+            Err(e) => e,
+        };
+        let db = e
+            .as_db_error()
+            .with_context(|| format!("{sql} as b: {e}"))?;
+        ensure_eq(db.code().code(), "42501", &format!("{sql} as b"))?;
+        ensure!(
+            db.message().contains("stream 's'") && db.message().contains(a_role.as_str()),
+            "{sql} as b: the message names the stream and its owner: {}",
+            db.message()
+        );
+        ensure!(
+            db.hint()
+                .is_some_and(|h| h.contains("UPDATE dedup.offsets SET owner")),
+            "{sql} as b: the hint says how to give the stream away: {:?}",
+            db.hint()
+        );
+    }
+    ensure_eq(
+        pos_of(&b, "s", 0).await?,
+        Some(10),
+        "s/0 after b's attempts",
+    )?;
+    ensure_eq(pos_of(&b, "s", 1).await?, None, "s/1 after b's attempts")?;
+    ensure_eq(pos_of(&b, "s", 2).await?, None, "s/2 after b's attempts")?;
+
+    // A member of a advances s, and the partition it adds is a's too.
+    ensure_eq(
+        claim(&member, "SELECT dedup.advance('s', 0, 11)").await?,
+        true,
+        "a member of a advances s/0",
+    )?;
+    ensure_eq(
+        claim(&member, "SELECT dedup.advance('s', 1, 0, 5)").await?,
+        true,
+        "a member of a adds s/1",
+    )?;
+    ensure_eq(
+        claim(&a, "SELECT dedup.advance('s', 1, 6)").await?,
+        true,
+        "a advances the partition its member added",
+    )?;
+    let owners: Vec<String> = admin
+        .query(
+            "SELECT owner::text FROM dedup.offsets WHERE stream = 's' ORDER BY partition",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(owners, vec![a_role.clone(), a_role], "owners of s")?;
+    // A superuser passes; an administrator gives the stream to b.
+    ensure_eq(
+        claim(&admin, "SELECT dedup.advance('s', 0, 12)").await?,
+        true,
+        "a superuser advances s/0",
+    )?;
+    admin
+        .batch_execute(&format!(
+            "UPDATE dedup.offsets SET owner = '{b_role}' WHERE stream = 's'"
+        ))
+        .await?;
+    ensure_eq(
+        claim(&b, "SELECT dedup.advance('s', 0, 13)").await?,
+        true,
+        "b advances s once it is b's",
+    )?;
+    ensure_eq(
+        expect_sqlstate(
+            a.query("SELECT dedup.advance('s', 0, 14)", &[]).await,
+            "a after s was given to b",
+        )?
+        .as_str(),
+        "42501",
+        "a after s was given to b",
+    )?;
+
+    // A race for a new stream: b's first advance of another partition of t waits for a's
+    // uncommitted first advance, then sees a's row and is refused.
+    a.batch_execute("BEGIN; SELECT dedup.advance('t', 0, 1)")
+        .await?;
+    let b_pid = b.pid;
+    let racing = tokio::spawn(async move {
+        let r = b
+            .query("SELECT dedup.advance('t', 1, 9223372036854775807)", &[])
+            .await;
+        (b, r)
+    });
+    wait_until_blocked(&admin, b_pid).await?;
+    a.batch_execute("COMMIT").await?;
+    let (b, raced) = racing.await?;
+    ensure_eq(
+        expect_sqlstate(raced, "b racing a's first advance of t")?.as_str(),
+        "42501",
+        "b racing a's first advance of t",
+    )?;
+    ensure_eq(pos_of(&b, "t", 1).await?, None, "t/1 after the race")?;
+    ensure_eq(pos_of(&b, "t", 0).await?, Some(1), "t/0 after the race")?;
+    Ok(())
+}
+
+async fn pos_of(c: &dedup_pg_test::Conn, stream: &str, p: i32) -> Result<Option<i64>> {
+    Ok(c.query_one("SELECT dedup.position($1, $2)", &[&stream, &p])
+        .await?
+        .get(0))
 }
