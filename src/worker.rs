@@ -7,13 +7,17 @@
 //! short-lived worker connected to it, one at a time. That worker pins its settings, checks
 //! for the extension without SQL (and leaves quietly without it), takes the prune lock
 //! (and leaves if a prune already runs there), and sweeps the claim table in batches, each
-//! its own transaction, stopping between batches on SIGTERM or when the database is being
-//! dropped.
+//! its own transaction, stopping between batches on SIGTERM or when a role that may is
+//! dropping, renaming or copying the database. Without a free background worker slot the
+//! launcher tries the same database again after a growing wait, and begins its next cycle
+//! with the databases it did not reach.
 use crate::{guc, prune, stats};
 use pgrx::bgworkers::{
-    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, DynamicBackgroundWorker,
+    SignalWakeFlags,
 };
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -134,7 +138,9 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
         guc::PRUNE_INTERVAL.get()
     );
 
-    let mut failures = 0u32;
+    // Failures to list the databases in a row; slot shortages are in `starts`.
+    let mut listing_failures = 0u32;
+    let mut starts = Starts::default();
     loop {
         let _ = reload_config_if_asked();
         let started = Instant::now();
@@ -145,29 +151,22 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
                 forget_dropped_databases();
                 match prune::in_transaction(databases) {
                     Ok(dbs) => {
-                        failures = 0;
-                        for (oid, name) in dbs {
-                            if shutdown_requested() {
-                                return;
-                            }
-                            if let Err(problem) = prune_database(oid, &name) {
-                                failures += 1;
-                                warning!("dedup launcher: {problem}");
-                                break;
-                            }
+                        listing_failures = 0;
+                        if !starts.visit(dbs, started + interval, interval) {
+                            break;
                         }
                     }
                     Err(message) => {
-                        failures += 1;
+                        listing_failures += 1;
                         warning!("dedup launcher: listing databases failed: {message}");
                     }
                 }
                 interval
             }
         };
-        // Back off after failures: two intervals, four, ... at most 64.
-        if failures > 0 {
-            wait *= 1 << failures.min(6);
+        // Back off after failures to list them: two intervals, four, ... at most 64.
+        if listing_failures > 0 {
+            wait *= 1 << listing_failures.min(6);
         }
         wait = wait.saturating_sub(started.elapsed());
         if !BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(10)))) {
@@ -207,9 +206,149 @@ fn forget_dropped_databases() {
     }
 }
 
-/// Start the worker for one database and wait until it has finished.
-fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
-    let handle = BackgroundWorkerBuilder::new(PRUNER)
+/// The first wait before the launcher tries again to start a worker when no background
+/// worker slot was free, and the longest (at most the interval): the wait doubles with each
+/// try that fails.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_LONGEST: Duration = Duration::from_secs(10);
+
+/// What the launcher keeps across its cycles about starting workers. Parallel queries and
+/// other extensions' workers take background worker slots too; when none was free the
+/// launcher gave up the whole cycle, every database after that one included, warned, and
+/// tried again two intervals later, its back-off starting over with every cycle (issue 24,
+/// finding 8; worker::full_worker_slots_hold_up_pruning_only_while_full).
+struct Starts {
+    /// Since when and how many tries no slot has been free; None while workers start.
+    failing: Option<(Instant, u64)>,
+    /// The wait before the next try: doubled by each try that fails, in whichever cycle,
+    /// and back to RETRY_FIRST only when a worker starts.
+    retry: Duration,
+    /// The databases a cycle did not reach for want of a slot: the next one begins with them.
+    not_reached: Vec<pg_sys::Oid>,
+}
+
+impl Default for Starts {
+    fn default() -> Self {
+        Starts {
+            failing: None,
+            retry: RETRY_FIRST,
+            not_reached: Vec::new(),
+        }
+    }
+}
+
+impl Starts {
+    /// Prune each database in turn, one worker at a time, beginning with those the last
+    /// cycle did not reach. Without a free slot, try the same database again after
+    /// `self.retry`, until that would pass `deadline` (when the next cycle is due); the
+    /// databases left are then the next cycle's first. A slot is a server-wide resource, so
+    /// the next database would find none either. Every try is followed by a wait on the
+    /// latch of at least RETRY_FIRST, or by the end of the cycle. False when the launcher
+    /// must stop (SIGTERM, or the postmaster died).
+    fn visit(
+        &mut self,
+        mut dbs: Vec<(pg_sys::Oid, String)>,
+        deadline: Instant,
+        interval: Duration,
+    ) -> bool {
+        let first = std::mem::take(&mut self.not_reached);
+        // A stable sort: those not reached, in their order, then the others in catalog order.
+        dbs.sort_by_key(|(oid, _)| first.iter().position(|f| f == oid).unwrap_or(usize::MAX));
+        let longest = RETRY_LONGEST.min(interval);
+        for (i, (oid, name)) in dbs.iter().enumerate() {
+            let handle = loop {
+                if shutdown_requested() {
+                    return false;
+                }
+                if let Some(handle) = start_worker(*oid, name) {
+                    break handle;
+                }
+                self.failed(name, longest);
+                let wait = self.retry.min(longest);
+                self.retry = (wait * 2).min(longest);
+                let at = Instant::now() + wait;
+                if at >= deadline {
+                    self.not_reached = dbs[i..].iter().map(|(oid, _)| *oid).collect();
+                    return true;
+                }
+                if !sleep_until(at) {
+                    return false;
+                }
+                // The file's settings (dedup.prune_role, say) for the next try.
+                let _ = reload_config_if_asked();
+            };
+            self.started();
+            if let Err(status) = handle.wait_for_shutdown() {
+                warning!(
+                    "dedup launcher: waiting for the worker of database \"{name}\": {status:?}"
+                );
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A try found no free slot: one WARNING when that begins, none for the tries after it.
+    fn failed(&mut self, name: &str, longest: Duration) {
+        if let Some((_, tries)) = &mut self.failing {
+            *tries += 1;
+            return;
+        }
+        self.failing = Some((Instant::now(), 1));
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            format!(
+                "dedup launcher: could not start a worker to prune database \"{name}\": \
+                 no background worker slot is free"
+            ),
+            "dedup",
+        )
+        .set_detail(format!(
+            "No database is pruned until one is. The launcher tries again after waits that \
+             double from {} ms up to {} s, without another warning, and logs when a worker \
+             starts again.",
+            RETRY_FIRST.as_millis(),
+            longest.as_secs()
+        ))
+        .set_hint(
+            "You might need to increase max_worker_processes: dedup needs a slot for its \
+             launcher and one while it prunes a database, beside parallel query workers \
+             (max_parallel_workers) and the workers of other extensions.",
+        )
+        .report(PgLogLevel::WARNING);
+    }
+
+    /// A worker started: the end of a shortage, if there was one, and the first wait again.
+    fn started(&mut self) {
+        if let Some((since, tries)) = self.failing.take() {
+            log!(
+                "dedup launcher: a background worker slot is free again; no worker could start \
+                 for {:.1} s ({tries} tries)",
+                since.elapsed().as_secs_f64()
+            );
+        }
+        self.retry = RETRY_FIRST;
+    }
+}
+
+/// Wait on the latch until `at`; false on SIGTERM or when the postmaster died.
+fn sleep_until(at: Instant) -> bool {
+    loop {
+        let left = at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if !BackgroundWorker::wait_latch(Some(left.max(Duration::from_millis(1))))
+            || shutdown_requested()
+        {
+            return false;
+        }
+    }
+}
+
+/// Register the worker for one database; None when no background worker slot is free.
+fn start_worker(oid: pg_sys::Oid, name: &str) -> Option<DynamicBackgroundWorker> {
+    BackgroundWorkerBuilder::new(PRUNER)
         .set_type(PRUNER)
         .set_library("dedup")
         .set_function("dedup_prune_worker_main")
@@ -221,15 +360,7 @@ fn prune_database(oid: pg_sys::Oid, name: &str) -> Result<(), String> {
         // SAFETY: a plain read of the global `int MyProcPid`, set at process start.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic()
-        .map_err(|_| {
-            format!(
-                "could not start a worker to prune database \"{name}\": no free background worker slot \
-                 (you might need to increase max_worker_processes)"
-            )
-        })?;
-    handle
-        .wait_for_shutdown()
-        .map_err(|status| format!("waiting for the worker of database \"{name}\": {status:?}"))
+        .ok()
 }
 
 /// Pin the settings the worker's SQL depends on, above anything a database or role setting
@@ -356,11 +487,17 @@ fn set_over_everything(name: &str, value: &str) {
     }
 }
 
-/// Is this database being dropped or renamed? DROP DATABASE and ALTER DATABASE ... RENAME
-/// hold an AccessExclusiveLock on the database object while they wait (5 s at most) for
-/// its other sessions to leave; a new session's RowExclusiveLock on it conflicts. The
-/// worker tries that lock between batches, without waiting, and leaves if it cannot have it
-/// (issue 11, finding 10).
+/// Is this database being dropped, renamed or copied by a role that may? DROP DATABASE,
+/// ALTER DATABASE ... RENAME and ... SET TABLESPACE hold an AccessExclusiveLock on the
+/// database object, CREATE DATABASE ... TEMPLATE a ShareLock, while they wait (5 s at most)
+/// for its other sessions to leave; a new session's RowExclusiveLock on it conflicts with
+/// both. The worker tries that lock between batches, without waiting (issue 11, finding
+/// 10). Each of those commands takes the lock before it checks that its role owns the
+/// database, so any role's DROP DATABASE, failing with 42501, holds it for a moment; in a
+/// loop, that made the worker leave every pass there early (issue 24, finding 7). So when
+/// the lock is taken the worker leaves only if a session holding it could go on
+/// ([`a_holder_may_go_on`]); a role that may not has its command fail whatever the worker
+/// does (worker::a_failing_drop_database_does_not_stop_pruning).
 fn database_is_being_dropped() -> bool {
     let tag = pg_sys::LOCKTAG {
         locktag_field1: 0, // a shared object: no database
@@ -377,13 +514,94 @@ fn database_is_being_dropped() -> bool {
     // table is full, which ends the worker through its main function's #[pg_guard].
     unsafe {
         if pg_sys::LockAcquire(&tag, mode, true, true)
-            == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+            != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
         {
-            return true;
+            pg_sys::LockRelease(&tag, mode, true);
+            return false;
         }
-        pg_sys::LockRelease(&tag, mode, true);
     }
-    false
+    // Held or waited for: by whom? Should that look-up fail, leave, as before it was made:
+    // a DROP DATABASE must never fail because of the worker.
+    prune::in_transaction(|| a_holder_may_go_on(&tag)).unwrap_or(true)
+}
+
+/// Could a session that holds a lock on this database (`tag`) conflicting with a new
+/// session's go on with its command? It could if it logged in as a superuser or as a member
+/// of the database's owner: DROP, RENAME and SET TABLESPACE need the owner's privileges,
+/// and the role a session runs such a command as is its login role or one SET ROLE reached,
+/// which only a member may (SET SESSION AUTHORIZATION only a superuser; none of them runs
+/// in a function). Any holder could if the database is a template (any role with CREATEDB
+/// may copy it). A waiter that holds nothing does not count: a command that could go on
+/// holds the lock for the whole of its wait for the other sessions, and the worker looks
+/// again at its next check (at most 100 ms later in a pause, or after the next batch).
+/// Inside a transaction (catalog look-ups).
+fn a_holder_may_go_on(tag: &pg_sys::LOCKTAG) -> bool {
+    // SAFETY: inside in_transaction, whose PgTry catches the ERRORs of the syscache look-up
+    // (I/O, out of memory). SearchSysCache1 returns the database's row, pinned until
+    // ReleaseSysCache, or NULL; the row's fixed part (FormData_pg_database, where
+    // heap_tuple_get_struct points) is read before the release.
+    let (owner, template) = unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::DATABASEOID as _,
+            pg_sys::Datum::from(pg_sys::MyDatabaseId),
+        );
+        if tuple.is_null() {
+            return true; // gone already
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tuple);
+        let found = ((*form).datdba, (*form).datistemplate);
+        pg_sys::ReleaseSysCache(tuple);
+        found
+    };
+    // The modes that conflict with RowExclusiveLock, as bits of a holdMask (LOCKBIT_ON).
+    let conflicting: pg_sys::LOCKMASK = (1 << pg_sys::ShareLock)
+        | (1 << pg_sys::ShareRowExclusiveLock)
+        | (1 << pg_sys::ExclusiveLock)
+        | (1 << pg_sys::AccessExclusiveLock);
+    let mut holders = Vec::new();
+    // SAFETY: in the transaction. GetLockStatusData copies the lock table under the lock
+    // manager's LWLocks (taken in shared mode and released before it returns) into memory
+    // palloc'd in CurrentMemoryContext, the transaction's, freed when it ends; an ERROR
+    // (out of memory) is caught by in_transaction's PgTry. `locks` holds `nelements`
+    // entries, read before the transaction ends.
+    unsafe {
+        let data = pg_sys::GetLockStatusData();
+        for i in 0..(*data).nelements.max(0) as usize {
+            let lock = &*(*data).locks.add(i);
+            let t = &lock.locktag;
+            if t.locktag_type == tag.locktag_type
+                && t.locktag_lockmethodid == tag.locktag_lockmethodid
+                && t.locktag_field1 == tag.locktag_field1
+                && t.locktag_field2 == tag.locktag_field2
+                && t.locktag_field3 == tag.locktag_field3
+                && t.locktag_field4 == tag.locktag_field4
+                && (lock.holdMask & conflicting) != 0
+            {
+                holders.push(lock.pid);
+            }
+        }
+    }
+    holders.into_iter().any(|pid| {
+        // SAFETY: BackendPidGetProc takes ProcArrayLock and returns the PGPROC of the live
+        // backend with that pid, or NULL (pid 0 is a prepared transaction's; or it has
+        // exited, releasing its locks). PGPROCs stay in shared memory for the server's
+        // life, so the pointer stays valid; roleId (set once at login) is read without the
+        // lock, as an aligned Oid. Should the backend exit and a new one take its PGPROC in
+        // between, that one's role is read: the worker then leaves or stays until its next
+        // check, as it would have for that backend.
+        let role = unsafe {
+            let proc = pg_sys::BackendPidGetProc(pid);
+            if proc.is_null() {
+                return false;
+            }
+            std::ptr::read_volatile(std::ptr::addr_of!((*proc).roleId))
+        };
+        // A process that logged in as no role is none of a client's: let it go on.
+        // SAFETY: in the transaction; is_member_of_role (true for a superuser and for the
+        // owner itself) reads pg_authid and pg_auth_members through the syscache, whose
+        // ERRORs in_transaction's PgTry catches.
+        template || role == pg_sys::InvalidOid || unsafe { pg_sys::is_member_of_role(role, owner) }
+    })
 }
 
 /// How long ago (seconds) the last pass over every scope of this database ended, if one is
@@ -529,7 +747,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     };
     // The latch may be set for other reasons (a reload, a signal): wait out the rest of the
     // pause in slices of at most 100 ms, unless SIGTERM (its handler sets the latch) or a
-    // DROP DATABASE asks to stop; `stop` then sees it.
+    // DROP DATABASE that may go on asks to stop; `stop` then sees it.
     let pause = || {
         let until =
             Instant::now() + Duration::from_millis(guc::PRUNE_BATCH_DELAY.get().max(0) as u64);
@@ -549,7 +767,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     };
     let result = prune::run_pass(None, None, &transactions, None);
     if leaving.get() {
-        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped or renamed, or its settings could not be pinned again after a reload");
+        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped, renamed or copied, or its settings could not be pinned again after a reload");
         return;
     }
     match result {

@@ -1,10 +1,12 @@
 //! The background worker, on clusters of their own started with
 //! `shared_preload_libraries = 'dedup'` and a prune interval of one second.
 use crate::common::{ensure_eq, Ctx};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
-use dedup_pg_test::{connect, connect_when_up, Conn};
+use dedup_pg_test::{connect, connect_when_up, sqlstate, Conn};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) fn preloaded(name: &str) -> Options {
@@ -674,6 +676,305 @@ pub async fn a_database_owners_settings_do_not_change_a_pass(_ctx: Ctx) -> Resul
     }
     if !wrong.is_empty() {
         bail!("{}", wrong.join("; "));
+    }
+    Ok(())
+}
+
+/// The server log written since `mark` (a length of [`Cluster::log_text`] taken before).
+fn log_since(cluster: &Cluster, mark: usize) -> String {
+    cluster.log_text().get(mark..).unwrap_or("").to_string()
+}
+
+/// Issue 24, finding 7: DROP DATABASE and ALTER DATABASE ... RENAME take their lock on the
+/// database before they check that their role owns it, so a plain role's attempt, failing
+/// with 42501, held for a moment the lock the worker looks at between batches; in a loop,
+/// it made the worker leave each pass of that database early, logging that the database
+/// was being dropped or renamed. Eight sessions of a plain role try both in a loop here: a
+/// pass of 200 batches must prune the database without leaving once, and a superuser's
+/// DROP DATABASE in the middle of a pass, under the same loop, must still succeed (the
+/// worker leaves for it within DROP DATABASE's 5 s).
+pub async fn a_failing_drop_database_does_not_stop_pruning(_ctx: Ctx) -> Result<()> {
+    // 20,000 claims in batches of 100: a pass looks at the lock before each of its 200
+    // batches and in each pause after one.
+    let cluster =
+        start(preloaded("worker-drop-attempts").set("dedup.prune_batch_size", "100")).await?;
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    // (The attempts' ERRORs, thousands a second, stay out of the server log.)
+    admin
+        .batch_execute("CREATE ROLE anyone LOGIN; ALTER ROLE anyone SET log_min_messages = fatal")
+        .await?;
+    let victim = database_with_claims(&cluster, "victim", 0, 0).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU64::new(0));
+    let mut attackers = Vec::new();
+    for _ in 0..8 {
+        let c = connect(&format!("{} user=anyone", cluster.dsn("postgres"))).await?;
+        let (stop, refused) = (stop.clone(), refused.clone());
+        attackers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for sql in [
+                    "DROP DATABASE victim",
+                    "ALTER DATABASE victim RENAME TO elsewhere",
+                ] {
+                    match c.batch_execute(sql).await {
+                        Ok(()) => bail!("{sql} succeeded for a plain role"),
+                        Err(e) if sqlstate(&e) == Some("42501") => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Once the superuser has dropped it, below.
+                        Err(e) if sqlstate(&e) == Some("3D000") => {}
+                        Err(e) => bail!("{sql} as a plain role: {e}"),
+                    }
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = refused.load(Ordering::Relaxed);
+    let mark = cluster.log_text().len();
+    victim
+        .batch_execute(
+            "INSERT INTO dedup.processed SELECT 'default', 'old-' || g, now() - interval '8 days' FROM generate_series(1, 20000) g",
+        )
+        .await?;
+    eventually(
+        60,
+        "pruning under the loop of failing DROP DATABASE",
+        || async { Ok(count(&victim, EXPIRED).await? == 0) },
+    )
+    .await?;
+    let attempts = refused.load(Ordering::Relaxed) - before;
+    println!("  {attempts} DROP DATABASE and RENAME attempts refused with 42501 during the pass");
+    if attempts < 500 {
+        bail!(
+            "only {attempts} failing attempts during the pass: the test did not keep the lock busy"
+        );
+    }
+    let log = log_since(&cluster, mark);
+    if log.contains("left database \"victim\" in the middle of a pass") {
+        bail!(
+            "the worker left database victim for a role that may not drop it:\n{}",
+            cluster.log_tail(20)
+        );
+    }
+    // The owner (here a superuser) drops it in the middle of a long pass, the loop going on.
+    admin
+        .batch_execute("ALTER SYSTEM SET dedup.prune_batch_delay = '1s'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    victim
+        .batch_execute(
+            "INSERT INTO dedup.processed SELECT 'default', 'late-' || g, now() - interval '8 days' FROM generate_series(1, 20000) g",
+        )
+        .await?;
+    eventually(30, "a long pass under way", || async {
+        Ok(count(&victim, EXPIRED).await? < 20_000)
+    })
+    .await?;
+    drop(victim);
+    let started = Instant::now();
+    let dropped = admin.batch_execute("DROP DATABASE victim").await;
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.await??;
+    }
+    dropped.map_err(|e| anyhow::anyhow!("DROP DATABASE by a superuser during a pass: {e}"))?;
+    println!(
+        "  DROP DATABASE by a superuser during a pass, under the loop, took {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Hold the one background worker slot left free (`max_worker_processes = 2`: the
+/// launcher's and this one) for `secs` seconds: a session runs `SELECT pg_sleep(secs)` in a
+/// parallel worker (debug_parallel_query). Returns once the worker runs (trying again if a
+/// prune worker had the slot just then), with the task that ends with the query.
+async fn hold_the_free_slot(
+    cluster: &Cluster,
+    admin: &Conn,
+    secs: f64,
+) -> Result<tokio::task::JoinHandle<Result<()>>> {
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await?
+        .get(0);
+    let force = if version >= 160_000 {
+        "debug_parallel_query"
+    } else {
+        "force_parallel_mode"
+    };
+    for _ in 0..20 {
+        let holder = connect(&cluster.dsn("postgres")).await?;
+        holder.batch_execute(&format!("SET {force} = on")).await?;
+        let pid = holder.pid;
+        let sql = format!("SELECT pg_sleep({secs})");
+        let task = tokio::spawn(async move {
+            holder.batch_execute(&sql).await?;
+            Ok::<(), anyhow::Error>(())
+        });
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let workers: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'parallel worker' AND leader_pid = $1",
+                    &[&pid],
+                )
+                .await?
+                .get(0);
+            if workers == 1 {
+                return Ok(task);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Its query runs in the session itself: no slot was free when it started.
+        admin
+            .execute("SELECT pg_cancel_backend($1)", &[&pid])
+            .await?;
+        let _ = task.await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    bail!("no parallel worker started in 20 tries: the test could not take the free slot")
+}
+
+/// Whether none of `dbs` has an expired claim left.
+async fn all_pruned(dbs: &[Conn]) -> Result<bool> {
+    for c in dbs {
+        if count(c, EXPIRED).await? > 0 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// CPU time (user and system, seconds) process `pid` has used so far, from /proc.
+fn cpu_seconds(pid: i32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the name in parentheses: the state (field 3), ... utime (14) and stime (15).
+    let fields: Vec<&str> = stat[stat.rfind(')').context("/proc/PID/stat")? + 1..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).context("utime")?.parse::<u64>()?
+        + fields.get(12).context("stime")?.parse::<u64>()?;
+    // SAFETY: sysconf only reads a system setting.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Ok(ticks as f64 / hz as f64)
+}
+
+/// Issue 24, finding 8: parallel query workers (or other extensions') can take every
+/// background worker slot. The launcher then gave up its whole cycle at the first database
+/// it could not start a worker for, warned, and waited two intervals whatever happened
+/// meanwhile; as its back-off started over every cycle, it warned again every two
+/// intervals while the slots stayed full. Here `max_worker_processes = 2` leaves one slot
+/// beside the launcher, which a parallel worker running pg_sleep holds.
+///
+/// A: with an interval of 30 s, a cycle starts (a reload) while the slot is held for about
+/// 4 s: every database must be pruned soon after the slot is free, not two intervals
+/// later. B: with an interval of 1 s, the slot is held for 8 s: one WARNING for the whole
+/// shortage, a LOG when it is over, the databases pruned after it, and the launcher waits
+/// meanwhile rather than spinning.
+pub async fn full_worker_slots_hold_up_pruning_only_while_full(_ctx: Ctx) -> Result<()> {
+    let cluster = start(
+        preloaded("worker-slots")
+            .set("dedup.prune_interval", "30s")
+            .set("max_worker_processes", "2")
+            .set("max_logical_replication_workers", "0"),
+    )
+    .await?;
+    let admin = connect(&cluster.dsn("postgres")).await?;
+    let mut dbs = Vec::new();
+    for db in ["a", "b", "c"] {
+        dbs.push(database_with_claims(&cluster, db, 0, 0).await?);
+    }
+    let insert = |phase: &str| {
+        format!(
+            "INSERT INTO dedup.processed SELECT 'default', '{phase}-' || g, now() - interval '8 days' FROM generate_series(1, 1000) g"
+        )
+    };
+    let no_slot = "could not start a worker to prune database";
+
+    // A. The cluster's first cycle is over (it found no database with dedup); the next is
+    // 30 s away, or at the reload below.
+    let mark = cluster.log_text().len();
+    let holder = hold_the_free_slot(&cluster, &admin, 4.0).await?;
+    for c in &dbs {
+        c.batch_execute(&insert("a")).await?;
+    }
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    eventually(10, "the launcher finding no free slot", || async {
+        Ok(log_since(&cluster, mark).contains(no_slot))
+    })
+    .await?;
+    holder.await??;
+    eventually(
+        15,
+        "every database pruned once the slot is free (A)",
+        || all_pruned(&dbs),
+    )
+    .await?;
+    let log = log_since(&cluster, mark);
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARNING") && l.contains(no_slot))
+        .count();
+    ensure_eq(warnings, 1, "WARNINGs about the full slots (A)")?;
+    if !log.contains("a background worker slot is free again") {
+        bail!(
+            "no LOG line at the end of the shortage (A):\n{}",
+            cluster.log_tail(20)
+        );
+    }
+
+    // B. Cycles every second; the slot held for 8 s.
+    admin
+        .batch_execute("ALTER SYSTEM SET dedup.prune_interval = '1s'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let launcher = launcher_pid(&admin)
+        .await?
+        .context("no dedup launcher in pg_stat_activity")?;
+    let mark = cluster.log_text().len();
+    let holder = hold_the_free_slot(&cluster, &admin, 8.0).await?;
+    let cpu = cpu_seconds(launcher)?;
+    for c in &dbs {
+        c.batch_execute(&insert("b")).await?;
+    }
+    eventually(10, "the launcher finding no free slot", || async {
+        Ok(log_since(&cluster, mark).contains(no_slot))
+    })
+    .await?;
+    holder.await??;
+    let cpu = cpu_seconds(launcher)? - cpu;
+    eventually(
+        15,
+        "every database pruned once the slot is free (B)",
+        || all_pruned(&dbs),
+    )
+    .await?;
+    let log = log_since(&cluster, mark);
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARNING") && l.contains(no_slot))
+        .count();
+    let mut wrong = Vec::new();
+    if warnings != 1 {
+        wrong.push(format!(
+            "{warnings} WARNINGs about the full slots over 8 s of cycles every second, not one"
+        ));
+    }
+    if !log.contains("a background worker slot is free again") {
+        wrong.push("no LOG line at the end of the shortage".to_string());
+    }
+    if cpu > 1.0 {
+        wrong.push(format!(
+            "the launcher used {cpu:.2} s of CPU while the slot was held for 8 s"
+        ));
+    }
+    if !wrong.is_empty() {
+        bail!("{}:\n{}", wrong.join("; "), cluster.log_tail(30));
     }
     Ok(())
 }
