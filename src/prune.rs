@@ -757,9 +757,10 @@ pub fn load_resume() -> Option<(String, u32)> {
     }
 }
 
-/// Keep where a pass cut short stopped, for the next one (no pass is recorded: the row's
-/// last_pass_at stays that of the last whole pass).
-pub fn save_resume(at: &(String, u32)) {
+/// Keep where a pass cut short stopped, for the next one, and record in each scope's row
+/// what it deleted there. The row of all scopes is not a pass's: its last_pass_at stays
+/// that of the last whole pass.
+pub fn save_resume(at: &(String, u32), pass: &Pass) {
     if !has_horizons() {
         return;
     }
@@ -774,6 +775,26 @@ pub fn save_resume(at: &(String, u32)) {
         ],
     )
     .unwrap_or_else(|e| pgrx::error!("dedup: recording where the prune stopped failed: {e}"));
+    let (scopes, counts): (Vec<String>, Vec<i64>) =
+        pass.per_scope.iter().map(|(s, n)| (s.clone(), *n)).unzip();
+    if scopes.is_empty() {
+        return;
+    }
+    Spi::run_with_args(
+        "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
+         SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), 'worker' \
+           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
+                           pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
+         ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
+             rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
+             pruned_by = excluded.pruned_by",
+        &[
+            DatumWithOid::from(scopes),
+            DatumWithOid::from(counts),
+            DatumWithOid::from(pass.elapsed.as_secs_f64()),
+        ],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune failed: {e}"));
 }
 
 /// Record a failed worker pass; returns how many passes in a row have failed.

@@ -734,6 +734,19 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         }
     }
 
+    // This database's share of the worker: a pass longer than that stops and the next visit
+    // goes on from where it stopped, so that one large or slow database (a database owner
+    // made each batch read the whole table) does not hold up the others (issue 24, finding
+    // 6). A minute, or one interval if that is shorter.
+    let share = interval.clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let visit = Instant::now();
+    let resume = match prune::in_transaction(prune::load_resume) {
+        Ok(resume) => resume,
+        Err(message) => {
+            warning!("dedup: could not read where the last pass of database \"{dbname}\" stopped: {message}");
+            None
+        }
+    };
     let leaving = std::cell::Cell::new(false);
     let stop = || {
         // The file's settings, then ours again above them.
@@ -743,7 +756,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         if database_is_being_dropped() {
             leaving.set(true);
         }
-        shutdown_requested() || leaving.get()
+        shutdown_requested() || leaving.get() || visit.elapsed() >= share
     };
     // The latch may be set for other reasons (a reload, a signal): wait out the rest of the
     // pause in slices of at most 100 ms, unless SIGTERM (its handler sets the latch) or a
@@ -765,12 +778,27 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         stop: &stop,
         pause: &pause,
     };
-    let result = prune::run_pass(None, None, &transactions, None);
+    let result = prune::run_pass(None, None, &transactions, resume.as_ref());
     if leaving.get() {
         log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped, renamed or copied, or its settings could not be pinned again after a reload");
         return;
     }
     match result {
+        Ok(pass) if pass.stopped_at.is_some() => {
+            // Cut short (its share was up, or SIGTERM): not a pass; the next visit goes on.
+            let at = pass.stopped_at.clone().expect("checked");
+            if let Err(message) = prune::in_transaction(|| prune::save_resume(&at, &pass)) {
+                warning!("dedup: could not record where the prune of database \"{dbname}\" stopped: {message}");
+            }
+            log!(
+                "dedup: pruned {} claims in database \"{dbname}\" in {:.3} s, its share of the worker; \
+                 the pass goes on from block {} of {} at the next visit",
+                pass.deleted,
+                pass.elapsed.as_secs_f64(),
+                at.1,
+                at.0
+            );
+        }
         Ok(pass) => {
             let recorded = prune::in_transaction(|| prune::record_pass(None, &pass, "worker"));
             if pass.deleted > 0 {

@@ -978,3 +978,63 @@ pub async fn full_worker_slots_hold_up_pruning_only_while_full(_ctx: Ctx) -> Res
     }
     Ok(())
 }
+
+/// Issue 24, finding 6: the worker visits databases one at a time, so one database whose
+/// pass is long (a large table, or a database owner's settings made each batch slow) held
+/// up every other. A database now gets at most its share of the worker per visit (one
+/// interval here, a minute at most), and the next visit goes on from where the last one
+/// stopped. Before the fix the small database waited for the large one's whole pass.
+pub async fn a_slow_database_does_not_hold_up_the_others(_ctx: Ctx) -> Result<()> {
+    // 100 batches of 100 claims, 200 ms apart: a pass of more than 20 s.
+    let cluster = start(
+        preloaded("worker-share")
+            .set("dedup.prune_batch_size", "100")
+            .set("dedup.prune_batch_delay", "200"),
+    )
+    .await?;
+    let big = database_with_claims(&cluster, "big", 10_000, 10).await?;
+    eventually(30, "the large database's pass begun", || async {
+        Ok(count(&big, EXPIRED).await? < 10_000)
+    })
+    .await?;
+    let small = database_with_claims(&cluster, "small", 500, 10).await?;
+    eventually(
+        10,
+        "the small database pruned while the large one's pass goes on",
+        || async { Ok(count(&small, EXPIRED).await? == 0) },
+    )
+    .await?;
+    if count(&big, EXPIRED).await? == 0 {
+        bail!("the large database's pass ended first: the test needs a longer one");
+    }
+    let stopped = "SELECT resume_target FROM dedup._prune_status WHERE scope = ''";
+    let at: Option<String> = big.query_one(stopped, &[]).await?.get(0);
+    ensure_eq(
+        at.as_deref(),
+        Some("dedup.processed"),
+        "where the large database's last visit stopped",
+    )?;
+    eventually(120, "the large database pruned, visit by visit", || async {
+        Ok(count(&big, EXPIRED).await? == 0)
+    })
+    .await?;
+    eventually(10, "its whole pass recorded", || async {
+        let row = big
+            .query_one(
+                "SELECT resume_target IS NULL AND last_pass_at IS NOT NULL \
+                   FROM dedup._prune_status WHERE scope = ''",
+                &[],
+            )
+            .await?;
+        Ok(row.get::<_, bool>(0))
+    })
+    .await?;
+    let log = cluster.log_text();
+    if !log.contains("its share of the worker; the pass goes on from block") {
+        bail!(
+            "the server log lacks the visits cut short:\n{}",
+            cluster.log_tail(30)
+        );
+    }
+    Ok(())
+}
