@@ -5,13 +5,17 @@
 //! table of at most `dedup.stats_max` entries, keyed by database, scope and consumer. A
 //! backend looks an entry up once, under a shared lock, and keeps its address; after that a
 //! claim updates the entry's counters with atomic additions, without any lock. The table's
-//! lock is taken exclusively only to add an entry or to reset. When the table is full, a
-//! new combination is counted in the overflow entry (made at server start, shown as the
-//! scope `(overflow)`): nothing is evicted, so a role inventing scope or consumer names can
-//! neither push other consumers' counters out nor make a lookup scan the table. Every entry
-//! carries a generation number that changes when a reset removes it, so a backend never
-//! counts into an entry removed under it (except in the instant between its check and its
-//! addition: a miscount of one, during a reset).
+//! lock is taken exclusively only to add an entry, to reset, or to forget a dropped
+//! database's entries. When the table is full, a new combination is counted in the
+//! overflow entry (made at server start, shown as the scope `(overflow)`): nothing is
+//! evicted, so a role inventing scope or consumer names can neither push other consumers'
+//! counters out nor make a lookup scan the table, and the lookup that finds the table full
+//! takes the overflow entry under the shared lock, so inventing names cannot make every
+//! backend queue for the exclusive one either. Every entry carries a generation number
+//! that changes when a reset removes it, so a backend never counts into an entry removed
+//! under it (except in the instant between its check and its addition: a miscount of one,
+//! during a reset); the overflow entry's also changes when a dropped database's entries
+//! make room, so a combination counted there gets an entry of its own when it can.
 //!
 //! The table is written to `pg_stat/dedup.stat` when the server shuts down cleanly (fsynced,
 //! then renamed into place, with a checksum) and read back at start, as pg_stat_statements
@@ -625,7 +629,11 @@ unsafe fn scope_retention(scope: &str) -> Option<f64> {
 }
 
 /// The entry for `key` and its generation, added if missing; the overflow entry when the
-/// table is full. One hash lookup, or two and an insertion: never a scan.
+/// table is full. One hash lookup, or two and an insertion: never a scan. The exclusive
+/// lock is taken only when the key is missing and the table has room for it: a full table
+/// is seen under the shared lock (issue 24, finding 11: a stream of new names, each taking
+/// the lock exclusively, queued behind every reader of dedup.stats, and every other lookup
+/// behind them).
 ///
 /// # Safety
 ///
@@ -640,7 +648,9 @@ unsafe fn find_or_add(key: &Key) -> Option<(*mut Entry, u64)> {
     // HASH_FIND, exclusive to insert), `key` is a full Key read during the call only;
     // HASH_ENTER_NULL returns NULL instead of raising an ERROR when no entry is free, and
     // the entry count is checked against max_entries() first. init_entry runs with the
-    // lock held exclusively on an entry just made.
+    // lock held exclusively on an entry just made. hash_get_num_entries reads the table's
+    // count, which changes only under the exclusive lock (entries are added and removed
+    // under it alone), so under the shared lock it cannot change until we release it.
     let shared = &*SHARED;
     pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_SHARED);
     let mut found = false;
@@ -655,6 +665,16 @@ unsafe fn find_or_add(key: &Key) -> Option<(*mut Entry, u64)> {
         let generation = (*e).generation.load(Ordering::Acquire);
         pg_sys::LWLockRelease(shared.lock);
         return Some((e, generation));
+    }
+    // Missing, and the table is full: no entry can be added or removed while we hold the
+    // shared lock, so the exclusive one would find the same. The overflow entry's
+    // generation, read under this lock, changes at a reset and when forget_databases makes
+    // room, so a backend that caches it looks the key up again then.
+    if pg_sys::hash_get_num_entries(HASH) >= max_entries() {
+        let e = shared.overflow;
+        let result = (!e.is_null()).then(|| (e, (*e).generation.load(Ordering::Acquire)));
+        pg_sys::LWLockRelease(shared.lock);
+        return result;
     }
     pg_sys::LWLockRelease(shared.lock);
 
@@ -779,13 +799,18 @@ pub fn counted_databases() -> Vec<pg_sys::Oid> {
 
 /// Remove every entry of the databases `gone` (dropped: the launcher checks, each
 /// interval); returns how many. Nothing else removes entries but a reset, so without this
-/// a stream of created and dropped databases would fill the table for good.
+/// a stream of created and dropped databases would fill the table for good. When it makes
+/// room, the overflow entry gets a new generation (its counters stay): a backend that
+/// cached it for a combination of its own looks that up again, and adds an entry.
 pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
     if !available() || gone.is_empty() {
         return 0;
     }
     // SAFETY: as in reset(): the exclusive lock is held while entries are removed, and no
-    // call in between can raise an ERROR (hash_search with HASH_REMOVE does not).
+    // call in between can raise an ERROR (hash_search with HASH_REMOVE does not). The
+    // overflow entry (set at server start, never removed: its key's database is
+    // InvalidOid, never a dropped one) has its generation stored atomically, with Release,
+    // as init_entry does; no reference to the whole entry is made.
     unsafe {
         let shared = &*SHARED;
         pg_sys::LWLockAcquire(shared.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
@@ -795,6 +820,12 @@ pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
                 remove(e);
                 n += 1;
             }
+        }
+        if n > 0 && !shared.overflow.is_null() {
+            (*shared.overflow).generation.store(
+                shared.next_generation.fetch_add(1, Ordering::Relaxed),
+                Ordering::Release,
+            );
         }
         pg_sys::LWLockRelease(shared.lock);
         n

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use dedup_pg_test::cluster::{self, Cluster, Options};
 use dedup_pg_test::{connect, connect_when_up, wait_until_blocked, Conn};
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 pub(crate) fn preloaded(name: &str) -> Options {
     Options::named(name)
@@ -459,6 +460,179 @@ pub async fn counters_of_a_dropped_database_are_forgotten(_ctx: Ctx) -> Result<(
         counters(&admin, "kept").await?.get("consumer").copied(),
         Some((3, 0, 0, 0)),
         "the counters of the database that stays",
+    )?;
+    Ok(())
+}
+
+/// (entries, overflowed) of dedup.stats_info(), and the claims of the overflow row.
+async fn full_table(c: &Conn) -> Result<(i64, i64, i64)> {
+    let row = c
+        .query_one(
+            "SELECT i.entries, i.overflowed, \
+                    (SELECT s.claims FROM dedup.stats s WHERE s.datname IS NULL AND s.scope = '(overflow)') \
+               FROM dedup.stats_info() i",
+            &[],
+        )
+        .await?;
+    Ok((
+        row.get(0),
+        row.get(1),
+        row.get::<_, Option<i64>>(2).unwrap_or(0),
+    ))
+}
+
+/// Issue 24, finding 11: once the counter table is full, a call with a combination it has
+/// no entry for is counted in the overflow row under the table's shared lock, never the
+/// exclusive one, so a flood of invented names makes no backend queue for the lock behind
+/// a reader of dedup.stats (nor every other lookup behind it). For five seconds, eight
+/// connections call try_claim with a new scope each time while one reads dedup.stats in a
+/// loop and one samples pg_stat_activity for backends waiting on the lock (the LWLock
+/// tranche `dedup`). With nothing but shared holders no acquisition can wait, so after the
+/// fix the count is zero every time. Before it, each of those calls took the lock
+/// exclusively, queueing behind the reader and the other flooders: a sampler taking
+/// thousands of samples then catches some of those waits, so the test failing before the
+/// fix was near-certain, not guaranteed (PostgreSQL counts no LWLock acquisitions a test
+/// could read; a wait shows only while it lasts). Then, deterministically: a backend whose
+/// combination was counted in the overflow row gets an entry of its own once the launcher
+/// forgets a dropped database's entry (before, it counted in the overflow row until it
+/// used another combination, or until a reset).
+pub async fn a_full_counter_table_is_never_locked_exclusively(_ctx: Ctx) -> Result<()> {
+    const FLOODERS: usize = 8;
+    const FLOOD_FOR: Duration = Duration::from_secs(5);
+    let cluster = Cluster::start(preloaded("stats-full").set("dedup.stats_max", "100"))?;
+    // An entry in a database dropped later, to make room.
+    cluster.create_db_with_extension("gone")?;
+    as_consumer(&cluster, "gone", "gone")
+        .await?
+        .batch_execute("SELECT dedup.try_claim('g')")
+        .await?;
+    cluster.create_db_with_extension("app")?;
+    let admin = as_consumer(&cluster, "app", "admin").await?;
+    // 120 scopes: 98 get an entry (the overflow row and gone's hold two), 22 overflow.
+    admin
+        .batch_execute("SELECT dedup.try_claim('j', 'fill-' || g) FROM generate_series(1, 120) g")
+        .await?;
+    let (entries, overflowed_before, overflow_claims_before) = full_table(&admin).await?;
+    ensure_eq(entries, 100, "entries once the table is full")?;
+
+    let mut flooders = Vec::new();
+    for k in 0..FLOODERS {
+        let c = as_consumer(&cluster, "app", &format!("flooder-{k}")).await?;
+        c.batch_execute("SET synchronous_commit = off").await?;
+        flooders.push(c);
+    }
+    let reader = connect(&cluster.dsn("app")).await?;
+    let sampler = connect(&cluster.dsn("app")).await?;
+    let until = Instant::now() + FLOOD_FOR;
+    let flooding: Vec<_> = flooders
+        .into_iter()
+        .enumerate()
+        .map(|(k, c)| {
+            tokio::spawn(async move {
+                let claim = c
+                    .prepare("SELECT dedup.try_claim($1::text, $2::text)")
+                    .await?;
+                let job = format!("j-{k}");
+                let mut calls = 0i64;
+                while Instant::now() < until {
+                    c.query_one(&claim, &[&job, &format!("flood-{k}-{calls}")])
+                        .await?;
+                    calls += 1;
+                }
+                anyhow::Ok(calls)
+            })
+        })
+        .collect();
+    let reading = tokio::spawn(async move {
+        let mut reads = 0u64;
+        while Instant::now() < until {
+            reader
+                .query_one("SELECT count(*) FROM dedup.stats", &[])
+                .await?;
+            reads += 1;
+        }
+        anyhow::Ok(reads)
+    });
+    let sampling = tokio::spawn(async move {
+        let (mut samples, mut waits, mut seen) = (0u64, 0usize, Vec::new());
+        while Instant::now() < until {
+            let rows = sampler
+                .query(
+                    "SELECT coalesce(backend_type, '') || ': ' || coalesce(left(query, 80), '') \
+                       FROM pg_stat_activity \
+                      WHERE wait_event_type = 'LWLock' AND wait_event = 'dedup'",
+                    &[],
+                )
+                .await?;
+            samples += 1;
+            waits += rows.len();
+            for r in rows.iter().take(5usize.saturating_sub(seen.len())) {
+                seen.push(r.get::<_, String>(0));
+            }
+        }
+        anyhow::Ok((samples, waits, seen))
+    });
+    let mut calls = 0i64;
+    for f in flooding {
+        calls += f.await??;
+    }
+    let reads = reading.await??;
+    let (samples, waits, seen) = sampling.await??;
+    if calls < 1000 || reads == 0 || samples < 50 {
+        bail!(
+            "too little ran to tell: {calls} flood calls, {reads} reads of dedup.stats, \
+             {samples} samples of pg_stat_activity"
+        );
+    }
+    if waits > 0 {
+        bail!(
+            "{waits} backends seen waiting for the lock of the counter table in {samples} \
+             samples ({calls} flood calls, {reads} reads of dedup.stats), e.g. {seen:?}"
+        );
+    }
+    // Every flood call was counted in the overflow row; no entry was added or removed.
+    let (entries, overflowed, overflow_claims) = full_table(&admin).await?;
+    ensure_eq(
+        (
+            entries,
+            overflowed - overflowed_before,
+            overflow_claims - overflow_claims_before,
+        ),
+        (100, calls, calls),
+        "entries, and the flood calls counted in the overflow row (stats_info().overflowed, \
+         its claims)",
+    )?;
+
+    // A combination counted in the overflow row gets an entry of its own once room is
+    // made: forgetting a dropped database's entries gives the overflow entry a new
+    // generation, so a backend that keeps it for that combination looks it up again. (It
+    // kept counting in the overflow row before, as long as it used no other combination.)
+    let late = as_consumer(&cluster, "app", "late").await?;
+    late.batch_execute("SELECT dedup.try_claim('late-1', 'late')")
+        .await?;
+    admin
+        .batch_execute("DROP DATABASE gone WITH (FORCE)")
+        .await?;
+    admin
+        .batch_execute("ALTER SYSTEM SET dedup.prune_interval = '1s'")
+        .await?;
+    admin.batch_execute("SELECT pg_reload_conf()").await?;
+    crate::worker::eventually(30, "the dropped database's entry forgotten", || async {
+        Ok(full_table(&admin).await?.0 == 99)
+    })
+    .await?;
+    late.batch_execute("SELECT dedup.try_claim('late-2', 'late')")
+        .await?;
+    let own: Vec<i64> = admin
+        .query("SELECT claims FROM dedup.stats WHERE scope = 'late'", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        own,
+        vec![1],
+        "claims in the entry of a combination first counted in the overflow row",
     )?;
     Ok(())
 }
