@@ -1366,8 +1366,9 @@ BEGIN
     -- 8. The privileges of the portable edition's objects, where the native ones differ: what
     -- was revoked is revoked again; of what was granted (owners aside), only what the
     -- security model documents is granted again: EXECUTE on functions, USAGE on the schema,
-    -- SELECT on tables and views, INSERT and UPDATE (result) on dedup.processed, none with
-    -- GRANT OPTION. The rest (TRIGGER, TRUNCATE, REFERENCES, DELETE, CREATE on the schema:
+    -- SELECT on tables and views, INSERT (on the table, or on the columns a claim writes:
+    -- scope, job_id, fingerprint, processed_at) and UPDATE (result) on dedup.processed, none
+    -- with GRANT OPTION. The rest (TRIGGER, TRUNCATE, REFERENCES, DELETE, CREATE on the schema:
     -- on objects a superuser now owns, a trigger of the grantee's would run inside dedup's
     -- SECURITY DEFINER functions) is listed for the administrator to decide (issue 24,
     -- finding 2).
@@ -1400,6 +1401,8 @@ BEGIN
             OR r.obj = 'SCHEMA dedup' AND r.privilege = 'USAGE'
             OR r.obj LIKE 'TABLE %' AND r.privilege = 'SELECT'
             OR r.obj = 'TABLE dedup.processed' AND r.col IS NULL AND r.privilege = 'INSERT'
+            OR r.obj = 'TABLE dedup.processed' AND r.col IN ('scope', 'job_id', 'fingerprint', 'processed_at')
+               AND r.privilege = 'INSERT'
             OR r.obj = 'TABLE dedup.processed' AND r.col = 'result' AND r.privilege = 'UPDATE') THEN
             withheld := withheld || stmt;
             CONTINUE;

@@ -226,10 +226,18 @@ const INSERT: &str = "INSERT INTO dedup.processed AS p (scope, job_id, fingerpri
 const INSPECT: &str = "SELECT p.fingerprint, p.lease_expires_at IS NOT NULL, p.processed_at FROM dedup.processed AS p \
                        WHERE p.job_id OPERATOR(pg_catalog.=) $2 AND p.scope OPERATOR(pg_catalog.=) $1";
 
+/// How many times a routed claim runs its INSERT while, each time, the row that stopped it
+/// is gone by the time the claim reads it (deleted and committed in between: a lease
+/// released, a job forgotten or pruned).
+const TRIES: u32 = 3;
+
 /// A claim through Citus: the INSERT is routed to the shard of `job_id` and run as the
 /// caller (who needs the grants of the docs, "Scaling out with Citus"). Waiting and
 /// isolation are those of `INSERT ... ON CONFLICT DO NOTHING` on the shard. A duplicate
 /// that was in flight cannot be told from one committed earlier: both are duplicates.
+/// When every one of the [`TRIES`] met a conflict that was gone when read, no claim exists
+/// and `false` would say the job was done: 40001 instead, counted nowhere
+/// (citus::a_claim_whose_conflict_vanishes_is_an_error_not_false).
 pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
     let args = [
         DatumWithOid::from(scope),
@@ -256,9 +264,11 @@ pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&
         // SAFETY: initialised above; only shared references from here on.
         let (insert, inspect) =
             unsafe { (*std::ptr::addr_of!(PLANS)).as_ref() }.expect("prepared above");
-        for _ in 0..3 {
+        for _ in 0..TRIES {
+            // A session caught in a cycle of claims made and removed can be cancelled.
+            pg_sys::check_for_interrupts!();
             if !c.update(insert, None, &args)?.is_empty() {
-                return Ok(Outcome::Claimed);
+                return Ok(Some(Outcome::Claimed));
             }
             let found = c.select(inspect, None, &args[..2])?;
             if let Some(row) = found.into_iter().next() {
@@ -269,17 +279,21 @@ pub(crate) fn claim(func: &str, scope: &str, job_id: &str, fingerprint: Option<&
                 if leased {
                     crate::error::leased(func);
                 }
-                return Ok(match (stored, fingerprint) {
+                return Ok(Some(match (stored, fingerprint) {
                     (Some(s), Some(f)) if s != f => Outcome::FingerprintMismatch,
                     _ => Outcome::Duplicate { claimed_at },
-                });
+                }));
             }
-            // The row that stopped our INSERT is gone (pruned, or a lease released in
-            // between): try again.
+            // The row that stopped our INSERT is gone (pruned, forgotten, or a lease
+            // released in between): try again.
         }
-        Ok::<_, pgrx::spi::Error>(Outcome::Duplicate { claimed_at: 0 })
+        // No claim exists, ours or another's: neither true nor false is the answer.
+        Ok::<_, pgrx::spi::Error>(None)
     })
     .unwrap_or_else(|e| pgrx::error!("{func}: the claim through Citus failed: {e}"));
+    let Some(outcome) = outcome else {
+        crate::error::claim_kept_changing(func, scope, job_id, TRIES);
+    };
     if outcome == Outcome::Claimed {
         remember_claim(scope, job_id);
     }

@@ -340,3 +340,20 @@ pub fn lengths_differ(func: &str, ids: usize, fingerprints: usize) -> ! {
         "Pass one fingerprint per job id, in the same order (NULL for a job without one).",
     )
 }
+
+/// A claim through Citus whose INSERT met a claim of the job each of its `tries` times, and
+/// each time found it gone when it read it (deleted and committed in between, over and
+/// over): nothing was claimed, and `false` would say the job was done.
+pub fn claim_kept_changing(func: &str, scope: &str, job_id: &str, tries: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!(
+            "{func}: the claim of job '{}' in scope '{}' was made and removed again {tries} \
+             times while this call looked at it; nothing was claimed",
+            job_id.replace('\'', "''"),
+            scope.replace('\'', "''")
+        ),
+        "Retry the whole transaction: another session is leasing and releasing (or \
+         forgetting) this job over and over.",
+    )
+}

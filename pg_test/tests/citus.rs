@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 /// The role the docs ("Scaling out with Citus") tell users to give their consumers: LOGIN
 /// and the grants on dedup.processed listed there, plus its own effect tables.
 const APP: &str = "app";
-const APP_GRANTS: &str = "GRANT SELECT, INSERT, UPDATE (result) ON dedup.processed TO app";
+const APP_GRANTS: &str =
+    "GRANT SELECT (scope, job_id, processed_at, fingerprint, result, lease_expires_at), \
+           INSERT (scope, job_id, fingerprint, processed_at), UPDATE (result) \
+        ON dedup.processed TO app";
 
 /// The placements of dedup.processed's shards (citus_shards leaves out tables that belong
 /// to an extension).
@@ -48,6 +51,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     claim_and_effect_commit_together_colocated_or_not,
     results_fingerprints_and_errors_through_citus,
     set_result_after_rolling_back_the_claim_is_refused,
+    consumer_grant_is_what_its_own_claims_need,
+    a_claim_whose_conflict_vanishes_is_an_error_not_false,
     killed_worker_backend_mid_transaction_leaves_neither,
     worker_stopped_immediately_around_commit_prepared,
     shard_move_while_claims_arrive,
@@ -454,6 +459,287 @@ async fn set_result_after_rolling_back_the_claim_is_refused(cc: Cc) -> Result<()
     )
     .await
     .context("set_result after RELEASE SAVEPOINT")?;
+    Ok(())
+}
+
+/// The consumer's grant (docs/citus.md, Grants) is the columns its own claims use, and no
+/// more. As APP, on every node: a claim, a duplicate, `set_result` and `claim_result` work;
+/// reading `lease_id` (by name, `*`, the whole row, or in a WHERE) is refused, so the lease
+/// a superuser holds cannot be completed by APP, whose only way left is a guess (YD002);
+/// inserting a lease that never ends, or a row with a result, is refused. And the grant is
+/// not wider than the claim needs on `processed_at`: a role without `INSERT
+/// (processed_at)` cannot claim, because the statement Citus sends to the shard names the
+/// column's default. (With the grant of 0.6.0's docs, the first refusal failed: APP read
+/// the lease id and completed the lease with a result of its own.)
+async fn consumer_grant_is_what_its_own_claims_need(cc: Cc) -> Result<()> {
+    let coord = node(&cc, 0).await?;
+    // A lease the superuser holds, in a transaction of its own (as on Citus it must be).
+    let row = coord
+        .query_one(
+            "SELECT status, lease_id FROM dedup.lease('hijack', 'default', interval '1 hour')",
+            &[],
+        )
+        .await?;
+    ensure!(row.get::<_, String>(0) == "acquired", "the holder's lease");
+    let lease_id: uuid::Uuid = row.get::<_, Option<uuid::Uuid>>(1).context("a lease id")?;
+    for i in 0..3usize {
+        let app = node_as(&cc, i, APP).await?;
+        let job = format!("grant-{i}");
+        app.batch_execute("BEGIN").await?;
+        ensure!(
+            app.query_one("SELECT dedup.try_claim($1, 'default', 'fp-g')", &[&job])
+                .await
+                .with_context(|| format!("node {i}: a claim as {APP}"))?
+                .get::<_, bool>(0),
+            "node {i}: {job} not claimed"
+        );
+        app.execute("SELECT dedup.set_result($1, '{\"ok\": 1}')", &[&job])
+            .await
+            .with_context(|| format!("node {i}: set_result as {APP}"))?;
+        app.batch_execute("COMMIT").await?;
+        app.batch_execute("BEGIN").await?;
+        ensure!(
+            !app.query_one("SELECT dedup.try_claim($1, 'default', 'fp-g')", &[&job])
+                .await
+                .with_context(|| format!("node {i}: a duplicate as {APP}"))?
+                .get::<_, bool>(0),
+            "node {i}: {job} claimed twice"
+        );
+        let r: String = app
+            .query_one("SELECT result::text FROM dedup.claim_result($1)", &[&job])
+            .await
+            .with_context(|| format!("node {i}: claim_result as {APP}"))?
+            .get(0);
+        ensure!(r == r#"{"ok": 1}"#, "node {i}: claim_result {r}");
+        app.batch_execute("COMMIT").await?;
+        for sql in [
+            "SELECT lease_id FROM dedup.processed WHERE job_id = 'hijack'".to_string(),
+            "SELECT * FROM dedup.processed LIMIT 1".to_string(),
+            "SELECT p::text FROM dedup.processed AS p LIMIT 1".to_string(),
+            "SELECT count(*) FROM dedup.processed WHERE lease_id IS NOT NULL".to_string(),
+            format!(
+                "INSERT INTO dedup.processed (scope, job_id, lease_id, lease_expires_at) \
+                 VALUES ('default', 'never-ends-{i}', '00000000-0000-4000-8000-000000000001', 'infinity')"
+            ),
+            format!(
+                "INSERT INTO dedup.processed (scope, job_id, lease_expires_at) \
+                 VALUES ('default', 'never-ends-{i}', 'infinity')"
+            ),
+            format!(
+                "INSERT INTO dedup.processed (scope, job_id, result) \
+                 VALUES ('default', 'injected-{i}', '{{\"forged\": 1}}')"
+            ),
+            "UPDATE dedup.processed SET lease_expires_at = 'infinity' WHERE job_id = 'hijack'"
+                .to_string(),
+        ] {
+            let refused = state_of(app.execute(sql.as_str(), &[]).await, &sql)?;
+            ensure!(
+                refused.starts_with("42501"),
+                "node {i}, as {APP}: {sql}: {refused}"
+            );
+        }
+        // Without the lease id, APP can only guess it.
+        let guessed = state_of(
+            app.execute(
+                "SELECT dedup.complete('hijack', '00000000-0000-4000-8000-000000000002', '{\"forged\": 1}')",
+                &[],
+            )
+            .await,
+            "complete with a guessed lease id",
+        )?;
+        ensure!(
+            guessed.starts_with("YD002"),
+            "node {i}: a guessed lease id: {guessed}"
+        );
+    }
+    // The holder's lease is untouched: it completes, and its result is the one stored.
+    coord
+        .execute(
+            "SELECT dedup.complete('hijack', $1, '{\"by\": \"holder\"}')",
+            &[&lease_id],
+        )
+        .await
+        .context("the holder completes its lease")?;
+    let by: String = coord
+        .query_one(
+            "SELECT result->>'by' FROM dedup.claim_result('hijack')",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure!(by == "holder", "the stored result is {by:?}'s");
+    let never = one_i64(
+        &coord,
+        "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'never-ends-%' OR job_id LIKE 'injected-%'",
+    )
+    .await?;
+    ensure!(never == 0, "{never} rows inserted by hand");
+
+    // processed_at's default reaches the shard named: without INSERT (processed_at), no claim.
+    const NARROW: &str = "app_no_time";
+    coord
+        .batch_execute(&format!("CREATE ROLE {NARROW} LOGIN"))
+        .await?;
+    // A statement of its own: Citus makes and changes roles over one connection per node,
+    // which a transaction that also changed a distributed table cannot.
+    coord
+        .batch_execute(&format!(
+            "GRANT SELECT (scope, job_id, processed_at, fingerprint, result, lease_expires_at),
+                   INSERT (scope, job_id, fingerprint), UPDATE (result)
+                ON dedup.processed TO {NARROW}"
+        ))
+        .await?;
+    let narrow = async {
+        let c = node_as(&cc, 0, NARROW).await?;
+        c.batch_execute("BEGIN").await?;
+        let r = c.query_one("SELECT dedup.try_claim('no-time')", &[]).await;
+        c.batch_execute("ROLLBACK").await?;
+        let refused = state_of(
+            r.map(|row| row.get::<_, bool>(0)),
+            "a claim without INSERT (processed_at)",
+        )
+        .context(
+            "Citus did not send processed_at's default to the shard: INSERT (processed_at) is not \
+                 needed; take it out of the grant (docs/citus.md, APP_GRANTS)",
+        )?;
+        ensure!(
+            refused.starts_with("42501"),
+            "a claim without INSERT (processed_at): {refused}"
+        );
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    coord
+        .batch_execute(&format!("REVOKE ALL ON dedup.processed FROM {NARROW}"))
+        .await?;
+    coord
+        .batch_execute(&format!("DROP ROLE {NARROW}"))
+        .await?;
+    narrow
+}
+
+/// A claim whose INSERT meets a claim of the job that is gone again when the claim reads
+/// it, every time it tries: before, `try_claim` returned false with no claim anywhere (a
+/// lost job: the caller skips a job nobody did); now it raises 40001 and counts nothing,
+/// and so does `try_claim_many`. Deterministic through two triggers on the job's shard
+/// placement, on the worker holding it, each `SECURITY DEFINER` (APP may not delete):
+/// BEFORE INSERT (for each row) inserts the same key first, in the routed INSERT's own
+/// transaction, so that INSERT conflicts and does nothing; AFTER INSERT (for each
+/// statement, which fires with no row inserted) deletes it again, so the INSPECT that
+/// follows in the same transaction finds nothing. Both act at trigger depth 1 only: their
+/// own INSERT and DELETE fire them too, one level down. From the coordinator (the statement
+/// runs on the worker's backend) and from the worker holding the shard (local execution).
+async fn a_claim_whose_conflict_vanishes_is_an_error_not_false(cc: Cc) -> Result<()> {
+    const JOB: &str = "vanishing";
+    const SCOPE: &str = "vanish";
+    let coord = node(&cc, 0).await?;
+    let row = coord
+        .query_one(
+            &format!(
+                "{PLACEMENTS} AND s.shardid = get_shard_id_for_distribution_column('dedup.processed', $1::text)"
+            ),
+            &[&JOB],
+        )
+        .await?;
+    let (shard, port): (i64, i32) = (row.get(0), row.get(1));
+    let holder = cc
+        .lock()
+        .unwrap()
+        .nodes()
+        .position(|n| n.port as i32 == port)
+        .context("the node holding the job's shard")?;
+    let w = node(&cc, holder).await?;
+    w.batch_execute(&format!(
+        "SET citus.enable_ddl_propagation = off;
+         SET citus.enable_manual_changes_to_shards = on;
+         CREATE FUNCTION public.vanish_first() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+           SET search_path = pg_catalog, pg_temp SET citus.enable_manual_changes_to_shards = on AS $f$
+         BEGIN
+             IF pg_trigger_depth() = 1 AND NEW.job_id = '{JOB}' AND NEW.scope = '{SCOPE}' THEN
+                 EXECUTE format('INSERT INTO %I.%I (scope, job_id) VALUES ($1, $2)', TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                   USING NEW.scope, NEW.job_id;
+             END IF;
+             RETURN NEW;
+         END $f$;
+         CREATE FUNCTION public.vanish_after() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+           SET search_path = pg_catalog, pg_temp SET citus.enable_manual_changes_to_shards = on AS $f$
+         BEGIN
+             IF pg_trigger_depth() = 1 THEN
+                 EXECUTE format('DELETE FROM %I.%I WHERE job_id = $1 AND scope = $2', TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                   USING '{JOB}', '{SCOPE}';
+             END IF;
+             RETURN NULL;
+         END $f$;
+         CREATE TRIGGER vanish_first BEFORE INSERT ON dedup.processed_{shard}
+           FOR EACH ROW EXECUTE FUNCTION public.vanish_first();
+         CREATE TRIGGER vanish_after AFTER INSERT ON dedup.processed_{shard}
+           FOR EACH STATEMENT EXECUTE FUNCTION public.vanish_after();"
+    ))
+    .await
+    .context("the triggers on the job's shard placement")?;
+    let checks = async {
+        for (i, sql) in [
+            (0, "SELECT dedup.try_claim($1::text, $2::text)::text"),
+            (0, "SELECT dedup.try_claim_many(ARRAY[$1::text], $2::text)::text"),
+            (holder, "SELECT dedup.try_claim($1::text, $2::text)::text"),
+        ] {
+            let app = node_as(&cc, i, APP).await?;
+            app.batch_execute("BEGIN").await?;
+            let r = app.query(sql, &[&JOB, &SCOPE]).await;
+            let outcome = match r {
+                Ok(rows) => {
+                    let said: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                    let there = one_i64(
+                        &app,
+                        &format!("SELECT count(*) FROM dedup.processed WHERE job_id = '{JOB}'"),
+                    )
+                    .await?;
+                    app.batch_execute("ROLLBACK").await?;
+                    bail!("node {i}: {sql} answered {said:?} with {there} claims of the job behind it")
+                }
+                Err(e) => e,
+            };
+            app.batch_execute("ROLLBACK").await?;
+            let got = format!(
+                "{} {}",
+                sqlstate(&outcome).unwrap_or("-"),
+                outcome.as_db_error().map(|d| d.message()).unwrap_or_default()
+            );
+            ensure!(
+                got.starts_with("40001") && got.contains(JOB) && got.contains("nothing was claimed"),
+                "node {i}: {sql}: {got}"
+            );
+        }
+        // Nothing counted on any node: neither a claim nor a duplicate (before, a duplicate).
+        let counted = one_i64(
+            &coord,
+            &format!(
+                "SELECT coalesce(sum(claims + duplicates + busy), 0)::int8 FROM dedup.cluster_stats() \
+                  WHERE scope = '{SCOPE}'"
+            ),
+        )
+        .await?;
+        ensure!(counted == 0, "{counted} outcomes counted in scope {SCOPE}");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    w.batch_execute(&format!(
+        "DROP TRIGGER vanish_first ON dedup.processed_{shard};
+         DROP TRIGGER vanish_after ON dedup.processed_{shard};
+         DROP FUNCTION public.vanish_first();
+         DROP FUNCTION public.vanish_after();"
+    ))
+    .await
+    .context("dropping the triggers")?;
+    checks?;
+    // Without the triggers, the job is claimed as any other.
+    let app = node_as(&cc, 0, APP).await?;
+    app.batch_execute("BEGIN").await?;
+    ensure!(
+        one_bool(&app, &format!("SELECT dedup.try_claim('{JOB}', '{SCOPE}')")).await?,
+        "{JOB} not claimed once the triggers are gone"
+    );
+    app.batch_execute("ROLLBACK").await?;
     Ok(())
 }
 
