@@ -168,6 +168,12 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
         if listing_failures > 0 {
             wait *= 1 << listing_failures.min(6);
         }
+        // A reload during the cycle (the waits for its workers reset the latch SIGHUP set):
+        // a shorter interval counts from the cycle's start, not after the old one.
+        let _ = reload_config_if_asked();
+        if let Some(now) = interval() {
+            wait = wait.min(now);
+        }
         wait = wait.saturating_sub(started.elapsed());
         if !BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(10)))) {
             break;

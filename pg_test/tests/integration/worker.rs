@@ -906,7 +906,8 @@ pub async fn full_worker_slots_hold_up_pruning_only_while_full(_ctx: Ctx) -> Res
     eventually(10, "the launcher finding no free slot", || async {
         Ok(log_since(&cluster, mark).contains(no_slot))
     })
-    .await?;
+    .await
+    .with_context(|| cluster.log_tail(40))?;
     holder.await??;
     eventually(
         15,
@@ -945,7 +946,8 @@ pub async fn full_worker_slots_hold_up_pruning_only_while_full(_ctx: Ctx) -> Res
     eventually(10, "the launcher finding no free slot", || async {
         Ok(log_since(&cluster, mark).contains(no_slot))
     })
-    .await?;
+    .await
+    .with_context(|| cluster.log_tail(40))?;
     holder.await??;
     let cpu = cpu_seconds(launcher)? - cpu;
     eventually(
