@@ -729,34 +729,38 @@ INSERT INTO dedup._horizons (at, horizon)
 -- global_retention: dedup.retention, in seconds.
 CREATE FUNCTION dedup._mark_horizon(global_retention pg_catalog.float8)
 RETURNS void
-LANGUAGE sql VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
+DECLARE
+    step    pg_catalog.float8;
+    longest pg_catalog.float8;
+BEGIN
     INSERT INTO dedup._horizons (at, horizon)
     VALUES (pg_catalog.clock_timestamp(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()))
     ON CONFLICT DO NOTHING;
-    WITH s AS (
-        SELECT GREATEST(1, LEAST(3600, pg_catalog.min(a.secs) OPERATOR(pg_catalog./) 20)) AS step,
-               pg_catalog.max(a.secs) AS longest
-          FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs
-                  FROM dedup.scope_retention AS t
-                UNION ALL SELECT global_retention) AS a),
-    r AS (
-        SELECT s.step,
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => s.step) AS recent,
-               (SELECT pg_catalog.max(k.at) FROM dedup._horizons AS k
-                 WHERE k.at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                       pg_catalog.make_interval(secs => s.longest))) AS needed
-          FROM s)
+    -- (PL/pgSQL, not SQL: on Citus dedup.scope_retention is a reference table, which Citus
+    -- does not plan in a SQL function with parameters.)
+    SELECT GREATEST(1, LEAST(3600, pg_catalog.min(a.secs) OPERATOR(pg_catalog./) 20)),
+           pg_catalog.max(a.secs)
+      INTO step, longest
+      FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs
+              FROM dedup.scope_retention AS t
+            UNION ALL SELECT global_retention) AS a;
     DELETE FROM dedup._horizons AS h
-     USING r
-     WHERE h.at OPERATOR(pg_catalog.<) r.needed
-        OR (h.at OPERATOR(pg_catalog.<) r.recent
+     WHERE h.at OPERATOR(pg_catalog.<) (
+               SELECT pg_catalog.max(k.at) FROM dedup._horizons AS k
+                WHERE k.at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                      pg_catalog.make_interval(secs => longest)))
+        OR (h.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                                        pg_catalog.make_interval(secs => step))
             AND EXISTS (SELECT FROM dedup._horizons AS k
                          WHERE k.at OPERATOR(pg_catalog.>) h.at
-                           AND k.at OPERATOR(pg_catalog.<) r.recent
-                           AND pg_catalog.floor(pg_catalog.date_part('epoch', k.at) OPERATOR(pg_catalog./) r.step)
+                           AND k.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                                                           pg_catalog.make_interval(secs => step))
+                           AND pg_catalog.floor(pg_catalog.date_part('epoch', k.at) OPERATOR(pg_catalog./) step)
                                OPERATOR(pg_catalog.=)
-                               pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) r.step)));
+                               pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) step)));
+END
 $$;
 REVOKE ALL ON FUNCTION dedup._mark_horizon(pg_catalog.float8) FROM PUBLIC;
 
