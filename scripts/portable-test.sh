@@ -25,10 +25,12 @@ done
 
 # The switch to the native extension installs the native files of this version into the
 # system's PostgreSQL 15 (the package of scripts/package.sh, which scripts/test.sh has built
-# and tested by now; built here if missing) and removes them after each case.
+# and tested by now; built here if missing, or older than the sources it is made of) and
+# removes them after each case.
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 deb=$ROOT/target/packages/postgresql-15-dedup_$version-1_amd64.deb
-if [ -z "${DEDUP_NATIVE_INSTALL:-}" ] && [ ! -f "$deb" ]; then
+if [ -z "${DEDUP_NATIVE_INSTALL:-}" ] && { [ ! -f "$deb" ] ||
+    [ -n "$(find "$ROOT/src" "$ROOT/sql" "$ROOT/Cargo.toml" "$ROOT/dedup.control" -newer "$deb" -print -quit 2>/dev/null)" ]; }; then
     step "the package of PostgreSQL 15, for the switch to the native extension"
     DEDUP_NO_SETUP=1 PG=15 bash scripts/package.sh --debug
 fi

@@ -251,6 +251,21 @@ pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is
     .report(PgLogLevel::WARNING);
 }
 
+/// A retention positive with 30-day months but not in every month ('1 month -29 days' is
+/// -1 day after a February of 28 days): its cutoff would be in the future then, and every
+/// claim of the scope expired (issue 24, finding 12).
+pub fn retention_not_positive_every_month(func: &str, retention: &str, shortest: f64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!(
+            "{func}: retention must be positive whatever a month's length, not {retention} \
+             ({shortest} s in the shortest month)"
+        ),
+        "A month is 28 to 31 days long: write the retention without negative parts, \
+         e.g. '30 days' or '1 month'.",
+    )
+}
+
 /// A retention whose horizon is too many transactions back for a 32-bit xid (issue 24,
 /// finding 5): its claims are kept, not pruned, until it is shorter.
 pub fn warn_horizon_too_old(what: &str) {

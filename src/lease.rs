@@ -74,17 +74,25 @@ fn set_result(
         }
         return;
     }
-    let found = Spi::get_two_with_args::<String, bool>(
-        "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL FROM dedup.processed AS p \
-         WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
+    // A row this transaction wrote is stamped with this transaction's start or later: a
+    // claim older than that whose 32-bit xmin is ours (a claim kept for 2^32 transactions,
+    // an epoch ago) is not this transaction's (issue 24, finding 12).
+    let found = Spi::get_three_with_args::<String, bool, bool>(
+        "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL, \
+                p.processed_at OPERATOR(pg_catalog.>=) pg_catalog.now() \
+           FROM dedup.processed AS p \
+          WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
         &args[..2],
     );
-    let (xmin, leased) = match found {
-        Ok((Some(xmin), Some(leased))) => (xmin, leased),
+    let (xmin, leased, recent) = match found {
+        Ok((Some(xmin), Some(leased), Some(recent))) => (xmin, leased, recent),
         _ => error::not_claimed_here(F),
     };
     if leased {
         error::leased(F);
+    }
+    if !recent {
+        error::not_claimed_here(F);
     }
     let xmin = pg_sys::TransactionId::from(xmin.parse::<u32>().unwrap_or(0));
     // SAFETY: TransactionIdIsCurrentTransactionId (xact.c) only reads this backend's

@@ -951,6 +951,23 @@ fn prune_forgotten(scope: Option<&str>) -> i64 {
     .unwrap_or_else(|e| pgrx::error!("dedup: pruning dedup.forgotten failed: {e}"))
 }
 
+/// The parts of an interval `$1` (months, days, the rest in seconds) and its length in
+/// seconds (months of 30 days, years of 365.25), as a FROM item `l` (issue 24, finding 12).
+const LENGTHS: &str = "(SELECT p.epoch, p.months, p.days, \
+        pg_catalog.date_part('epoch', $1::pg_catalog.interval OPERATOR(pg_catalog.-) \
+            pg_catalog.make_interval(months => p.months::pg_catalog.int4, \
+                                     days => p.days::pg_catalog.int4)) AS secs \
+   FROM (SELECT pg_catalog.date_part('epoch', $1::pg_catalog.interval) AS epoch, \
+                (pg_catalog.date_part('year', $1::pg_catalog.interval) OPERATOR(pg_catalog.*) 12) \
+                OPERATOR(pg_catalog.+) pg_catalog.date_part('month', $1::pg_catalog.interval) AS months, \
+                pg_catalog.date_part('day', $1::pg_catalog.interval) AS days) AS p) AS l";
+/// The shortest an interval of `l` (LENGTHS) can be, in seconds: its months of 28 days
+/// each, or of 31 days when there are fewer than none. (Operators written OPERATOR() all
+/// bind alike, left to right: hence the parentheses.)
+const SHORTEST: &str = "((l.months OPERATOR(pg_catalog.*) CASE WHEN l.months OPERATOR(pg_catalog.>=) 0 \
+        THEN 2419200 ELSE 2678400 END) OPERATOR(pg_catalog.+) (l.days OPERATOR(pg_catalog.*) 86400)) \
+        OPERATOR(pg_catalog.+) l.secs";
+
 /// `dedup.set_retention(scope, retention)`: give `scope` its own retention; NULL removes it.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
@@ -966,15 +983,28 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
         .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
         return;
     };
-    let seconds = Spi::get_one_with_args::<f64>(
-        "SELECT pg_catalog.date_part('epoch', $1::pg_catalog.interval)",
+    // Its length in seconds (a month counted as 30 days), and its shortest whatever a
+    // month's length: '1 month -29 days' is 1 day by the first, -1 day after February.
+    let lengths = Spi::get_two_with_args::<f64, f64>(
+        &format!("SELECT l.epoch, {SHORTEST} FROM {LENGTHS}"),
         &[DatumWithOid::from(retention)],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(0.0);
+    );
+    let (seconds, shortest_month) = match lengths {
+        Ok((Some(s), Some(m))) => (s, m),
+        _ => (0.0, 0.0),
+    };
     if seconds <= 0.0 {
         error::not_positive(F, "retention", &format!("{seconds} s"));
+    }
+    if shortest_month <= 0.0 {
+        let text = Spi::get_one_with_args::<String>(
+            "SELECT $1::pg_catalog.interval::pg_catalog.text",
+            &[DatumWithOid::from(retention)],
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+        error::retention_not_positive_every_month(F, &text, shortest_month);
     }
     let (shortest, what) = guc::shortest_sensible_retention();
     if seconds < f64::from(shortest) {

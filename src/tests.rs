@@ -471,6 +471,11 @@ mod tests {
             "retention must be positive",
         ),
         (
+            "SELECT dedup.set_retention('q', '1 month -29 days')",
+            "22023",
+            "retention must be positive whatever a month's length, not 1 mon -29 days",
+        ),
+        (
             "SELECT dedup.prune(max_rows => 0)",
             "22023",
             "max_rows must be positive",

@@ -612,9 +612,7 @@ async fn consumer_grant_is_what_its_own_claims_need(cc: Cc) -> Result<()> {
     coord
         .batch_execute(&format!("REVOKE ALL ON dedup.processed FROM {NARROW}"))
         .await?;
-    coord
-        .batch_execute(&format!("DROP ROLE {NARROW}"))
-        .await?;
+    coord.batch_execute(&format!("DROP ROLE {NARROW}")).await?;
     narrow
 }
 

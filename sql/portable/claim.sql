@@ -86,7 +86,8 @@ DECLARE
     status text;
 BEGIN
     PERFORM dedup._check_claim(f, job_id, scope, NULL);
-    SELECT p.xmin::text::bigint AS xmin32, p.lease_expires_at IS NOT NULL AS leased INTO held
+    SELECT p.xmin::text::bigint AS xmin32, p.lease_expires_at IS NOT NULL AS leased,
+           p.processed_at >= now() AS recent INTO held
       FROM dedup.processed AS p
      WHERE p.job_id = set_result.job_id AND p.scope = set_result.scope;
     IF NOT FOUND THEN
@@ -94,6 +95,11 @@ BEGIN
     END IF;
     IF held.leased THEN
         PERFORM dedup._portable_error('leased', f);
+    END IF;
+    -- A row this transaction wrote is stamped with its start or later: an older claim whose
+    -- 32-bit xmin matches one of our ids (kept for 2^32 transactions) is not ours.
+    IF NOT held.recent THEN
+        PERFORM dedup._portable_error('not_claimed_here', f);
     END IF;
     -- This transaction's ids are its top-level id and the later ids of its savepoints: the
     -- row's 32-bit xmin is at most 2^31 ahead of the top-level id, whose epoch gives the

@@ -45,6 +45,10 @@ BEGIN
                 'A job without an id cannot be deduplicated: pass the message''s unique id (a NULL '
                 'claim read as "not claimed" would skip the job).'
             END;
+    WHEN 'retention_months' THEN
+        code := '22023';
+        msg := format('%s: retention must be positive whatever a month''s length, not %s', func, value);
+        hint := 'A month is 28 to 31 days long: write the retention without negative parts, e.g. ''30 days'' or ''1 month''.';
     WHEN 'not_positive' THEN
         code := '22023';
         msg := format('%s: %s must be positive, not %s', func, arg, value);

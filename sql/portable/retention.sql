@@ -153,8 +153,10 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 AS $$
 DECLARE
-    f       constant text := 'dedup.set_retention';
-    seconds float8;
+    f        constant text := 'dedup.set_retention';
+    seconds  float8;
+    months   float8;
+    shortest float8;
 BEGIN
     IF scope IS NULL THEN
         PERFORM dedup._portable_error('null', f, 'scope');
@@ -167,6 +169,18 @@ BEGIN
     seconds := date_part('epoch', retention);
     IF seconds <= 0 THEN
         PERFORM dedup._portable_error('not_positive', f, 'retention', seconds::text || ' s');
+    END IF;
+    -- Positive whatever a month's length (months of 28 days, or 31 when fewer than none):
+    -- '1 month -29 days' is -1 day after a February of 28 days, when every claim of the
+    -- scope would be expired (src/prune.rs, LENGTHS and SHORTEST).
+    months := date_part('year', retention) * 12 + date_part('month', retention);
+    shortest := months * CASE WHEN months >= 0 THEN 2419200 ELSE 2678400 END
+                + date_part('day', retention) * 86400
+                + date_part('epoch', retention - make_interval(months => months::int4,
+                                                              days => date_part('day', retention)::int4));
+    IF shortest <= 0 THEN
+        PERFORM dedup._portable_error('retention_months', f, 'retention',
+                                      format('%s (%s s in the shortest month)', retention, shortest));
     END IF;
     PERFORM dedup._portable_warn_short_retention(format('retention of scope ''%s''', scope), trunc(seconds)::int8);
     INSERT INTO dedup.scope_retention AS r (scope, retention, set_by)

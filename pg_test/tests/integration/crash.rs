@@ -133,3 +133,90 @@ pub async fn immediate_stop_keeps_committed_claims_only(_ctx: Ctx) -> Result<()>
     b.batch_execute("COMMIT").await?;
     Ok(())
 }
+
+/// Issue 24, finding 12: set_result knows "a claim of this transaction" by the row's
+/// 32-bit xmin. A claim kept for 2^32 transactions shares those bits with one transaction
+/// of the next epoch, which could then store a result for a job it never claimed. Here
+/// pg_resetwal moves the server to the next epoch, just before the claim's xid: the
+/// transaction that gets that xid again is refused (55000). Before the fix its set_result
+/// overwrote the claimer's result.
+pub async fn set_result_refuses_a_claim_of_an_earlier_epoch(_ctx: Ctx) -> Result<()> {
+    let mut cluster = tokio::task::spawn_blocking(|| {
+        Cluster::start(Options::named("epoch").set("autovacuum", "off"))
+    })
+    .await??;
+    cluster.create_db_with_extension("crash")?;
+    let dsn = cluster.dsn("crash");
+    let c = connect(&dsn).await?;
+    c.batch_execute(
+        "BEGIN; SELECT dedup.try_claim('old'); SELECT dedup.set_result('old', '{\"by\": \"claimer\"}'); COMMIT;",
+    )
+    .await?;
+    let xmin: i64 = c
+        .query_one(
+            "SELECT xmin::text::int8 FROM dedup.processed WHERE job_id = 'old'",
+            &[],
+        )
+        .await?
+        .get(0);
+    // Frozen, as a claim that old would be: visible whatever its xid's status (and so is
+    // everything else of this database and the shared catalogs, whose latest rows have
+    // xids the next epoch will hand out again).
+    c.batch_execute("VACUUM (FREEZE)").await?;
+    c.batch_execute("CHECKPOINT").await?;
+    drop(c);
+    let start_at = xmin - 5;
+    let mut cluster = tokio::task::spawn_blocking(move || -> Result<Cluster> {
+        cluster.stop("fast")?;
+        dedup_pg_test::cluster::run(
+            dedup_pg_test::cluster::as_server_user(cluster.bindir.join("pg_resetwal"))
+                .args(["-e", "1", "-x", &start_at.to_string(), "-D"])
+                .arg(&cluster.data),
+        )?;
+        cluster.start_again()?;
+        Ok(cluster)
+    })
+    .await??;
+    let c = connect_when_up(&dsn).await?;
+    // Spend transaction ids until the next one is the claim's, in the new epoch.
+    let mut next: i64 = 0;
+    for _ in 0..20 {
+        next = c
+            .query_one(
+                "SELECT (pg_current_xact_id()::text::int8 % 4294967296)",
+                &[],
+            )
+            .await?
+            .get(0);
+        if next == xmin - 1 {
+            break;
+        }
+    }
+    if next != xmin - 1 {
+        bail!("the new epoch's transaction ids did not reach {xmin} (at {next}): the test's setup failed");
+    }
+    c.batch_execute("BEGIN").await?;
+    let mine: i64 = c
+        .query_one("SELECT pg_current_xact_id()::text::int8", &[])
+        .await?
+        .get(0);
+    if mine % 4294967296 != xmin || mine < 4294967296 {
+        bail!("this transaction's id is {mine}, not {xmin} of the next epoch: the test's setup failed");
+    }
+    let refused = c
+        .batch_execute("SELECT dedup.set_result('old', '{\"by\": \"intruder\"}')")
+        .await;
+    c.batch_execute("ROLLBACK").await?;
+    match refused {
+        Err(e) if e.code().map(|s| s.code()) == Some("55000") => {}
+        Err(e) => bail!("set_result of an earlier epoch's claim: {e}"),
+        Ok(()) => bail!("set_result stored a result for a claim of an earlier epoch"),
+    }
+    let by: String = c
+        .query_one("SELECT result->>'by' FROM dedup.claim_result('old')", &[])
+        .await?
+        .get(0);
+    ensure_eq(by.as_str(), "claimer", "the stored result")?;
+    cluster.stop("fast")?;
+    Ok(())
+}

@@ -1,7 +1,7 @@
 //! Retention over real connections: who may prune, warnings for a retention that defeats
 //! deduplication, and claims racing a prune of their own keys.
 use crate::common::{claim, ensure_eq, expect_sqlstate, unprivileged, Ctx};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::seq::SliceRandom;
 
 pub async fn prune_and_set_retention_are_for_privileged_roles(ctx: Ctx) -> Result<()> {
@@ -290,6 +290,42 @@ pub async fn a_claim_is_kept_its_retention_from_commit(ctx: Ctx) -> Result<()> {
         .await?
         .get(0);
     ensure_eq(pruned, 2, "claims pruned a retention after their commit")?;
+    Ok(())
+}
+
+/// Issue 24, finding 12: a retention with parts of both signs is positive with 30-day
+/// months but not in every month: '1 month -29 days' is -1 day after a February of 28
+/// days, when its cutoff is in the future and every claim of the scope is pruned. It is
+/// refused (22023) unless it is positive with months of 28 days (31 for a negative count);
+/// days and time mixed are exact in UTC. Before the fix '1 month -29 days' was accepted.
+pub async fn a_retention_positive_only_in_some_months_is_refused(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    for retention in ["1 month -29 days", "1 year -340 days", "2 months -57 days"] {
+        let sql = format!("SELECT dedup.set_retention('odd', '{retention}')");
+        let err = c
+            .batch_execute(&sql)
+            .await
+            .err()
+            .with_context(|| format!("{sql} succeeded"))?;
+        let db = err.as_db_error().with_context(|| format!("{sql}: {err}"))?;
+        ensure_eq(db.code().code(), "22023", &sql)?;
+        if !db.message().contains("whatever a month's length") || db.hint().is_none() {
+            bail!("{sql}: {} (hint {:?})", db.message(), db.hint());
+        }
+    }
+    for (retention, kept) in [
+        ("1 day -1 hour", "1 day -01:00:00"),
+        ("1 month -27 days", "1 mon -27 days"),
+        ("-1 month 40 days", "-1 mons +40 days"),
+    ] {
+        c.batch_execute(&format!("SELECT dedup.set_retention('odd', '{retention}')"))
+            .await?;
+        let got: String = c
+            .query_one("SELECT dedup.retention('odd')::text", &[])
+            .await?
+            .get(0);
+        ensure_eq(got.as_str(), kept, retention)?;
+    }
     Ok(())
 }
 
