@@ -591,3 +591,113 @@ pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()
     }
     Ok(())
 }
+
+/// Every privilege a fresh install grants on dedup's functions, tables and views is the
+/// one the security model (docs/operations.md, the table under "Security model") lists:
+/// EXECUTE and SELECT for PUBLIC and for pg_monitor exactly as its rows name them, USAGE on
+/// the schema for PUBLIC, and nothing to any other role. A grant added without the docs,
+/// or documented without the grant, fails here.
+pub async fn grants_are_the_documented_ones(ctx: Ctx) -> Result<()> {
+    let doc = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
+    )?;
+    // The names in backticks of the row that starts with `start`, without `dedup.` and `()`.
+    let row = |start: &str| -> Result<std::collections::BTreeSet<String>> {
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with(start))
+            .ok_or_else(|| anyhow::anyhow!("docs/operations.md has no row {start:?}"))?;
+        Ok(line
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|t| {
+                t.trim_start_matches("dedup.")
+                    .trim_end_matches("()")
+                    .to_string()
+            })
+            .collect())
+    };
+    let public_doc = row("| any role (`PUBLIC`) |")?;
+    let monitor_doc = row("| `pg_monitor` members |")?;
+    let c = ctx.connect().await?;
+    // (kind, name, grantee, privilege) of every privilege not the owner's own.
+    let granted: Vec<(String, String, String, String)> = c
+        .query(
+            "SELECT 'function', p.proname::text, coalesce(r.rolname::text, 'PUBLIC'), a.privilege_type
+               FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = 'dedup'
+              CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+               LEFT JOIN pg_roles r ON r.oid = a.grantee
+              WHERE a.grantee <> p.proowner
+             UNION ALL
+             SELECT 'relation', c.relname::text, coalesce(r.rolname::text, 'PUBLIC'), a.privilege_type
+               FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'dedup'
+              CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+               LEFT JOIN pg_roles r ON r.oid = a.grantee
+              WHERE a.grantee <> c.relowner AND c.relkind IN ('r', 'v', 'p')
+             UNION ALL
+             SELECT 'schema', n.nspname::text, coalesce(r.rolname::text, 'PUBLIC'), a.privilege_type
+               FROM pg_namespace n
+              CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+               LEFT JOIN pg_roles r ON r.oid = a.grantee
+              WHERE n.nspname = 'dedup' AND a.grantee <> n.nspowner",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let mut wrong = Vec::new();
+    for (kind, name, grantee, privilege) in &granted {
+        let documented = match (kind.as_str(), grantee.as_str(), privilege.as_str()) {
+            ("function", "PUBLIC", "EXECUTE") => public_doc.contains(name),
+            ("function", "pg_monitor", "EXECUTE") => monitor_doc.contains(name),
+            ("relation", "PUBLIC", "SELECT") => public_doc.contains(name),
+            ("relation", "pg_monitor", "SELECT") => monitor_doc.contains(name),
+            ("schema", "PUBLIC", "USAGE") => true,
+            _ => false,
+        };
+        if !documented {
+            wrong.push(format!(
+                "{privilege} on {kind} {name} to {grantee}: not in the security model"
+            ));
+        }
+    }
+    // And every name the two rows give that is a function or relation of dedup is granted.
+    let has =
+        |name: &str, grantee: &str| granted.iter().any(|(_, n, g, _)| n == name && g == grantee);
+    let objects: std::collections::BTreeSet<String> = c
+        .query(
+            "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'dedup'
+             UNION SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'dedup' AND c.relkind IN ('r', 'v', 'p')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (names, grantee) in [(&public_doc, "PUBLIC"), (&monitor_doc, "pg_monitor")] {
+        for name in names.iter().filter(|n| objects.contains(*n)) {
+            if !has(name, grantee) {
+                wrong.push(format!(
+                    "{name}: the security model grants it to {grantee}, the catalog does not"
+                ));
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "grants and docs/operations.md differ:\n{}",
+            wrong.join("\n")
+        );
+    }
+    println!(
+        "  {} privileges granted, each in the security model",
+        granted.len()
+    );
+    Ok(())
+}
