@@ -360,19 +360,23 @@ COMMENT ON TABLE dedup._horizons IS
     'Prune passes'' horizons: every transaction ID below horizon had ended at time at (written by dedup.prune and the worker; transaction IDs are this server''s, so never dumped).';
 REVOKE ALL ON TABLE dedup._horizons FROM PUBLIC;
 INSERT INTO dedup._horizons (at, horizon)
-    VALUES (pg_catalog.now(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()));
+    VALUES (pg_catalog.clock_timestamp(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()));
 
 -- Record a horizon at every pass, and forget those no cutoff needs: every one older than
--- the newest that is the longest retention old, and, past the last step (a twentieth of the
--- shortest retention, between 1 second and 1 hour), all but the newest of each step.
--- global_retention: dedup.retention, in seconds.
+-- the newest at or before the earliest cutoff of any retention (computed as the cutoffs
+-- are, in UTC with calendar months), and, past the last step (a twentieth of the shortest
+-- retention, between 1 second and 1 hour), all but the newest of each step, never the
+-- oldest one. So every cutoff has a horizon at or before it once the first one is old
+-- enough. global_retention: dedup.retention, in seconds.
 CREATE FUNCTION dedup._mark_horizon(global_retention pg_catalog.float8)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 DECLARE
-    step    pg_catalog.float8;
-    longest pg_catalog.float8;
+    step     pg_catalog.float8;
+    earliest pg_catalog.timestamptz;
+    recent   pg_catalog.timestamptz;
+    oldest   pg_catalog.timestamptz;
 BEGIN
     INSERT INTO dedup._horizons (at, horizon)
     VALUES (pg_catalog.clock_timestamp(), pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot()))
@@ -380,22 +384,28 @@ BEGIN
     -- (PL/pgSQL, not SQL: on Citus dedup.scope_retention is a reference table, which Citus
     -- does not plan in a SQL function with parameters.)
     SELECT GREATEST(1, LEAST(3600, pg_catalog.min(a.secs) OPERATOR(pg_catalog./) 20)),
-           pg_catalog.max(a.secs)
-      INTO step, longest
-      FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs
+           pg_catalog.min(a.cutoff)
+      INTO step, earliest
+      FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs,
+                   pg_catalog.timezone('UTC'::pg_catalog.text,
+                       pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.clock_timestamp())
+                       OPERATOR(pg_catalog.-) t.retention) AS cutoff
               FROM dedup.scope_retention AS t
-            UNION ALL SELECT global_retention) AS a;
+            UNION ALL
+            SELECT global_retention,
+                   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                       pg_catalog.make_interval(secs => global_retention)) AS a;
+    recent := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => step);
+    SELECT pg_catalog.min(h.at) INTO oldest FROM dedup._horizons AS h;
     DELETE FROM dedup._horizons AS h
      WHERE h.at OPERATOR(pg_catalog.<) (
                SELECT pg_catalog.max(k.at) FROM dedup._horizons AS k
-                WHERE k.at OPERATOR(pg_catalog.<=) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                      pg_catalog.make_interval(secs => longest)))
-        OR (h.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                                        pg_catalog.make_interval(secs => step))
+                WHERE k.at OPERATOR(pg_catalog.<=) earliest)
+        OR (h.at OPERATOR(pg_catalog.<) recent
+            AND h.at OPERATOR(pg_catalog.>) oldest
             AND EXISTS (SELECT FROM dedup._horizons AS k
                          WHERE k.at OPERATOR(pg_catalog.>) h.at
-                           AND k.at OPERATOR(pg_catalog.<) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
-                                                           pg_catalog.make_interval(secs => step))
+                           AND k.at OPERATOR(pg_catalog.<) recent
                            AND pg_catalog.floor(pg_catalog.date_part('epoch', k.at) OPERATOR(pg_catalog./) step)
                                OPERATOR(pg_catalog.=)
                                pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) step)));
@@ -403,10 +413,12 @@ END
 $$;
 REVOKE ALL ON FUNCTION dedup._mark_horizon(pg_catalog.float8) FROM PUBLIC;
 
--- The horizon a claim older than cutoff must be below to be pruned, as an xid: NULL when
--- no pass is that old (judge by processed_at alone), and 0 (which no xid's age exceeds)
--- when the newest such pass is two billion transactions ago or more, too far for a 32-bit
--- xid: nothing is pruned then, rather than something too young (docs/retention.md).
+-- The horizon a claim older than cutoff must be below to be pruned, as an xid: that of the
+-- newest pass at or before cutoff (not one from the future of this server's transaction
+-- IDs, which a copy of the table from elsewhere could hold); NULL when no pass is that old
+-- (judge by processed_at alone); and 0 (which no xid's age exceeds) when that pass is two
+-- billion transactions ago or more, too far for a 32-bit xid: nothing is pruned then,
+-- rather than something too young (docs/retention.md).
 CREATE FUNCTION dedup._horizon(cutoff pg_catalog.timestamptz)
 RETURNS pg_catalog.xid
 LANGUAGE sql STABLE PARALLEL SAFE
@@ -419,8 +431,11 @@ AS $$
                THEN pg_catalog.xid(m.h)
              ELSE '0'::pg_catalog.xid
            END
-      FROM (SELECT pg_catalog.max(h.horizon) AS h FROM dedup._horizons AS h
-             WHERE h.at OPERATOR(pg_catalog.<=) cutoff) AS m
+      FROM (SELECT (SELECT h.horizon FROM dedup._horizons AS h
+                     WHERE h.at OPERATOR(pg_catalog.<=) cutoff
+                       AND h.horizon OPERATOR(pg_catalog.<=)
+                           pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())
+                     ORDER BY h.at DESC LIMIT 1) AS h) AS m
 $$;
 REVOKE ALL ON FUNCTION dedup._horizon(pg_catalog.timestamptz) FROM PUBLIC;
 

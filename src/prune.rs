@@ -127,7 +127,12 @@ impl Cutoffs {
         // xactStartTimestamp (no ERROR), through pgrx's guarded binding; we are inside a
         // transaction (dedup.prune()'s, or in_transaction's), on the main thread.
         let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-        let global_at = now - i64::from(guc::RETENTION.get()) * 1_000_000;
+        // The cutoffs count from the clock, as dedup._mark_horizon's do: a dedup.prune()
+        // whose transaction began long before (it waited for the prune lock) must not have
+        // cutoffs older than the horizons that pass kept.
+        // SAFETY: GetCurrentTimestamp reads the clock (no ERROR).
+        let clock = unsafe { pg_sys::GetCurrentTimestamp() };
+        let global_at = clock - i64::from(guc::RETENTION.get()) * 1_000_000;
         let horizon = if horizons {
             "dedup._horizon(c.cutoff)::pg_catalog.text"
         } else {
@@ -139,7 +144,7 @@ impl Cutoffs {
         let query = format!(
             "SELECT c.scope, c.cutoff, {horizon} \
                FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
-                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
+                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.clock_timestamp()) \
                             OPERATOR(pg_catalog.-) r.retention) AS cutoff \
                        FROM dedup.scope_retention AS r \
                      UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c"
@@ -386,7 +391,8 @@ fn delete_expired(
     // than its cutoff and, when its retention has a horizon, its row's xmin is older than
     // the horizon: it was visible a whole retention ago (issue 24, finding 5). The ages of
     // both are taken from the same transaction ID, so the comparison is exact for rows less
-    // than two billion transactions old (older ones come out negative: kept).
+    // than two billion transactions old; an older row's age comes out negative (its 32-bit
+    // xmin looks ahead of the counter), and it is older than any horizon.
     let cutoffs = Cutoffs::load(horizons);
     let query = format!(
         "WITH c AS ( \
@@ -403,7 +409,8 @@ fn delete_expired(
               WHERE p.ctid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.tid[]) \
                 AND p.processed_at OPERATOR(pg_catalog.<) l.cutoff \
                 AND (l.horizon IS NULL \
-                     OR pg_catalog.age(p.xmin) OPERATOR(pg_catalog.>) pg_catalog.age(l.horizon)) \
+                     OR pg_catalog.age(p.xmin) OPERATOR(pg_catalog.>) pg_catalog.age(l.horizon) \
+                     OR pg_catalog.age(p.xmin) OPERATOR(pg_catalog.<) 0) \
                 {leases} \
               FOR UPDATE OF p SKIP LOCKED) \
          DELETE FROM {table} AS p \

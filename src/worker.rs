@@ -164,15 +164,15 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
                 interval
             }
         };
-        // Back off after failures to list them: two intervals, four, ... at most 64.
-        if listing_failures > 0 {
-            wait *= 1 << listing_failures.min(6);
-        }
         // A reload during the cycle (the waits for its workers reset the latch SIGHUP set):
         // a shorter interval counts from the cycle's start, not after the old one.
         let _ = reload_config_if_asked();
         if let Some(now) = interval() {
             wait = wait.min(now);
+        }
+        // Back off after failures to list them: two intervals, four, ... at most 64.
+        if listing_failures > 0 {
+            wait *= 1 << listing_failures.min(6);
         }
         wait = wait.saturating_sub(started.elapsed());
         if !BackgroundWorker::wait_latch(Some(wait.max(Duration::from_millis(10)))) {
@@ -261,37 +261,51 @@ impl Starts {
         // A stable sort: those not reached, in their order, then the others in catalog order.
         dbs.sort_by_key(|(oid, _)| first.iter().position(|f| f == oid).unwrap_or(usize::MAX));
         let longest = RETRY_LONGEST.min(interval);
-        for (i, (oid, name)) in dbs.iter().enumerate() {
-            let handle = loop {
-                if shutdown_requested() {
+        // A database whose visit used its whole share (it was cut short, most likely) is
+        // visited again after the others, round after round until the next cycle is due:
+        // the share keeps one database from holding up the others, not from being pruned.
+        let mut round = dbs;
+        loop {
+            let mut again = Vec::new();
+            for (i, (oid, name)) in round.iter().enumerate() {
+                let handle = loop {
+                    if shutdown_requested() {
+                        return false;
+                    }
+                    if let Some(handle) = start_worker(*oid, name) {
+                        break handle;
+                    }
+                    self.failed(name, longest);
+                    let wait = self.retry.min(longest);
+                    self.retry = (wait * 2).min(longest);
+                    let at = Instant::now() + wait;
+                    if at >= deadline {
+                        self.not_reached = round[i..].iter().map(|(oid, _)| *oid).collect();
+                        return true;
+                    }
+                    if !sleep_until(at) {
+                        return false;
+                    }
+                    // The file's settings (dedup.prune_role, say) for the next try.
+                    let _ = reload_config_if_asked();
+                };
+                self.started();
+                let began = Instant::now();
+                if let Err(status) = handle.wait_for_shutdown() {
+                    warning!(
+                        "dedup launcher: waiting for the worker of database \"{name}\": {status:?}"
+                    );
                     return false;
                 }
-                if let Some(handle) = start_worker(*oid, name) {
-                    break handle;
+                if began.elapsed() >= share(interval) {
+                    again.push((*oid, name.clone()));
                 }
-                self.failed(name, longest);
-                let wait = self.retry.min(longest);
-                self.retry = (wait * 2).min(longest);
-                let at = Instant::now() + wait;
-                if at >= deadline {
-                    self.not_reached = dbs[i..].iter().map(|(oid, _)| *oid).collect();
-                    return true;
-                }
-                if !sleep_until(at) {
-                    return false;
-                }
-                // The file's settings (dedup.prune_role, say) for the next try.
-                let _ = reload_config_if_asked();
-            };
-            self.started();
-            if let Err(status) = handle.wait_for_shutdown() {
-                warning!(
-                    "dedup launcher: waiting for the worker of database \"{name}\": {status:?}"
-                );
-                return false;
             }
+            if again.is_empty() || Instant::now() >= deadline || shutdown_requested() {
+                return !shutdown_requested();
+            }
+            round = again;
         }
-        true
     }
 
     /// A try found no free slot: one WARNING when that begins, none for the tries after it.
@@ -335,6 +349,12 @@ impl Starts {
         }
         self.retry = RETRY_FIRST;
     }
+}
+
+/// A database's share of the worker per visit: one interval, between 1 s and a minute
+/// (issue 24, finding 6).
+fn share(interval: Duration) -> Duration {
+    interval.clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
 /// Wait on the latch until `at`; false on SIGTERM or when the postmaster died.
@@ -744,7 +764,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     // goes on from where it stopped, so that one large or slow database (a database owner
     // made each batch read the whole table) does not hold up the others (issue 24, finding
     // 6). A minute, or one interval if that is shorter.
-    let share = interval.clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let share = share(interval);
     let visit = Instant::now();
     let resume = match prune::in_transaction(prune::load_resume) {
         Ok(resume) => resume,
@@ -754,6 +774,7 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         }
     };
     let leaving = std::cell::Cell::new(false);
+    let first = std::cell::Cell::new(true);
     let stop = || {
         // The file's settings, then ours again above them.
         if reload_config_if_asked() && pin_settings().is_err() {
@@ -762,7 +783,9 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         if database_is_being_dropped() {
             leaving.set(true);
         }
-        shutdown_requested() || leaving.get() || visit.elapsed() >= share
+        // The share is checked from the second batch on: every visit makes progress.
+        let out_of_time = !first.replace(false) && visit.elapsed() >= share;
+        shutdown_requested() || leaving.get() || out_of_time
     };
     // The latch may be set for other reasons (a reload, a signal): wait out the rest of the
     // pause in slices of at most 100 ms, unless SIGTERM (its handler sets the latch) or a

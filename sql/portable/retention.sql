@@ -56,7 +56,8 @@ BEGIN
     -- This pass's horizon, and the one a claim's xmin must be below (sql/operations.sql,
     -- dedup._horizons: a claim is kept its retention from its commit).
     PERFORM dedup._mark_horizon(retention_s);
-    global_at := timezone('UTC', timezone('UTC', now()) - global_cut);
+    -- From the clock, as dedup._mark_horizon's cutoffs (this transaction may have waited).
+    global_at := clock_timestamp() - global_cut;
     global_h := dedup._horizon(global_at);
 
     blocks := pg_relation_size('dedup.processed'::regclass) / current_setting('block_size')::bigint;
@@ -71,7 +72,7 @@ BEGIN
             WITH cut AS (
                 SELECT s.scope, c.at, dedup._horizon(c.at) AS horizon
                   FROM dedup.scope_retention AS s
-                 CROSS JOIN LATERAL (SELECT timezone('UTC', timezone('UTC', now()) - s.retention) AS at) AS c),
+                 CROSS JOIN LATERAL (SELECT timezone('UTC', timezone('UTC', clock_timestamp()) - s.retention) AS at) AS c),
             gone AS (
                 DELETE FROM dedup.processed AS p
                  WHERE p.ctid = ANY (ARRAY(
@@ -87,7 +88,7 @@ BEGIN
                            -- in UTC: a day is 24 hours whatever the session's TimeZone
                            AND q.processed_at < l.at
                            -- committed a whole retention ago (age(0) exceeds every age)
-                           AND (l.horizon IS NULL OR age(q.xmin) > age(l.horizon))
+                           AND (l.horizon IS NULL OR age(q.xmin) > age(l.horizon) OR age(q.xmin) < 0)
                            -- a lease still running is never pruned
                            AND (q.lease_expires_at IS NULL OR q.lease_expires_at < now())
                          LIMIT lim

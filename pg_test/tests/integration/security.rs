@@ -595,8 +595,9 @@ pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()
 /// Every privilege a fresh install grants on dedup's functions, tables and views is the
 /// one the security model (docs/operations.md, the table under "Security model") lists:
 /// EXECUTE and SELECT for PUBLIC and for pg_monitor exactly as its rows name them, USAGE on
-/// the schema for PUBLIC, and nothing to any other role. A grant added without the docs,
-/// or documented without the grant, fails here.
+/// the schema for PUBLIC, and nothing to any other role: no column grant, no grant option.
+/// A grant added without the docs, or documented without the grant, fails here. (Functions
+/// are matched by name: the docs name a function once for all its forms.)
 pub async fn grants_are_the_documented_ones(ctx: Ctx) -> Result<()> {
     let doc = std::fs::read_to_string(
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md"),
@@ -637,6 +638,22 @@ pub async fn grants_are_the_documented_ones(ctx: Ctx) -> Result<()> {
               CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
                LEFT JOIN pg_roles r ON r.oid = a.grantee
               WHERE a.grantee <> c.relowner AND c.relkind IN ('r', 'v', 'p')
+             UNION ALL
+             SELECT 'column', c.relname::text || '.' || t.attname::text, coalesce(r.rolname::text, 'PUBLIC'),
+                    a.privilege_type
+               FROM pg_attribute t
+               JOIN pg_class c ON c.oid = t.attrelid
+               JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'dedup'
+              CROSS JOIN LATERAL aclexplode(t.attacl) a
+               LEFT JOIN pg_roles r ON r.oid = a.grantee
+              WHERE a.grantee <> c.relowner
+             UNION ALL
+             SELECT 'grant option', p.proname::text, coalesce(r.rolname::text, 'PUBLIC'), a.privilege_type
+               FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace AND n.nspname = 'dedup'
+              CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+               LEFT JOIN pg_roles r ON r.oid = a.grantee
+              WHERE a.grantee <> p.proowner AND a.is_grantable
              UNION ALL
              SELECT 'schema', n.nspname::text, coalesce(r.rolname::text, 'PUBLIC'), a.privilege_type
                FROM pg_namespace n
