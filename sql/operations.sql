@@ -364,10 +364,13 @@ INSERT INTO dedup._horizons (at, horizon)
 
 -- Record a horizon at every pass, and forget those no cutoff needs: every one older than
 -- the newest at or before the earliest cutoff of any retention (computed as the cutoffs
--- are, in UTC with calendar months), and, past the last step (a twentieth of the shortest
--- retention, between 1 second and 1 hour), all but the newest of each step, never the
--- oldest one. So every cutoff has a horizon at or before it once the first one is old
--- enough. global_retention: dedup.retention, in seconds.
+-- are, from this transaction's start, in UTC with calendar months), and, past the last
+-- step (a twentieth of the shortest retention, between 1 second and 1 hour), all but the
+-- newest of each step. The first one (CREATE EXTENSION's, or the upgrade's) is never
+-- removed: every cutoff after it has a horizon at or before it (an older one than it
+-- needs, if a pass whose transaction began later removed that: fewer claims pruned, never
+-- a claim too young), and only claims from before it are judged by processed_at alone.
+-- global_retention: dedup.retention, in seconds.
 CREATE FUNCTION dedup._mark_horizon(global_retention pg_catalog.float8)
 RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -388,27 +391,27 @@ BEGIN
       INTO step, earliest
       FROM (SELECT pg_catalog.date_part('epoch', t.retention) AS secs,
                    pg_catalog.timezone('UTC'::pg_catalog.text,
-                       pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.clock_timestamp())
+                       pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now())
                        OPERATOR(pg_catalog.-) t.retention) AS cutoff
               FROM dedup.scope_retention AS t
             UNION ALL
             SELECT global_retention,
-                   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-)
+                   pg_catalog.now() OPERATOR(pg_catalog.-)
                        pg_catalog.make_interval(secs => global_retention)) AS a;
     recent := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.make_interval(secs => step);
     SELECT pg_catalog.min(h.at) INTO oldest FROM dedup._horizons AS h;
     DELETE FROM dedup._horizons AS h
-     WHERE h.at OPERATOR(pg_catalog.<) (
+     WHERE h.at OPERATOR(pg_catalog.>) oldest
+       AND (h.at OPERATOR(pg_catalog.<) (
                SELECT pg_catalog.max(k.at) FROM dedup._horizons AS k
                 WHERE k.at OPERATOR(pg_catalog.<=) earliest)
         OR (h.at OPERATOR(pg_catalog.<) recent
-            AND h.at OPERATOR(pg_catalog.>) oldest
             AND EXISTS (SELECT FROM dedup._horizons AS k
                          WHERE k.at OPERATOR(pg_catalog.>) h.at
                            AND k.at OPERATOR(pg_catalog.<) recent
                            AND pg_catalog.floor(pg_catalog.date_part('epoch', k.at) OPERATOR(pg_catalog./) step)
                                OPERATOR(pg_catalog.=)
-                               pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) step)));
+                               pg_catalog.floor(pg_catalog.date_part('epoch', h.at) OPERATOR(pg_catalog./) step))));
 END
 $$;
 REVOKE ALL ON FUNCTION dedup._mark_horizon(pg_catalog.float8) FROM PUBLIC;

@@ -127,12 +127,7 @@ impl Cutoffs {
         // xactStartTimestamp (no ERROR), through pgrx's guarded binding; we are inside a
         // transaction (dedup.prune()'s, or in_transaction's), on the main thread.
         let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-        // The cutoffs count from the clock, as dedup._mark_horizon's do: a dedup.prune()
-        // whose transaction began long before (it waited for the prune lock) must not have
-        // cutoffs older than the horizons that pass kept.
-        // SAFETY: GetCurrentTimestamp reads the clock (no ERROR).
-        let clock = unsafe { pg_sys::GetCurrentTimestamp() };
-        let global_at = clock - i64::from(guc::RETENTION.get()) * 1_000_000;
+        let global_at = now - i64::from(guc::RETENTION.get()) * 1_000_000;
         let horizon = if horizons {
             "dedup._horizon(c.cutoff)::pg_catalog.text"
         } else {
@@ -144,7 +139,7 @@ impl Cutoffs {
         let query = format!(
             "SELECT c.scope, c.cutoff, {horizon} \
                FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
-                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.clock_timestamp()) \
+                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
                             OPERATOR(pg_catalog.-) r.retention) AS cutoff \
                        FROM dedup.scope_retention AS r \
                      UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c"

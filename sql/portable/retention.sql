@@ -56,8 +56,7 @@ BEGIN
     -- This pass's horizon, and the one a claim's xmin must be below (sql/operations.sql,
     -- dedup._horizons: a claim is kept its retention from its commit).
     PERFORM dedup._mark_horizon(retention_s);
-    -- From the clock, as dedup._mark_horizon's cutoffs (this transaction may have waited).
-    global_at := clock_timestamp() - global_cut;
+    global_at := now() - global_cut;
     global_h := dedup._horizon(global_at);
 
     blocks := pg_relation_size('dedup.processed'::regclass) / current_setting('block_size')::bigint;
@@ -72,7 +71,7 @@ BEGIN
             WITH cut AS (
                 SELECT s.scope, c.at, dedup._horizon(c.at) AS horizon
                   FROM dedup.scope_retention AS s
-                 CROSS JOIN LATERAL (SELECT timezone('UTC', timezone('UTC', clock_timestamp()) - s.retention) AS at) AS c),
+                 CROSS JOIN LATERAL (SELECT timezone('UTC', timezone('UTC', now()) - s.retention) AS at) AS c),
             gone AS (
                 DELETE FROM dedup.processed AS p
                  WHERE p.ctid = ANY (ARRAY(
