@@ -1,7 +1,8 @@
 -- dedup 0.5.0 -> 0.6.0: Citus (issue 13), operating retention (issue 15), batch claims and
 -- offsets (issue 14). Keeps every claim. First the library's new functions:
 -- dedup.try_claim_many, dedup._try_claim_many_fp, dedup._check_offset, dedup._claim_result,
--- dedup._distributed (which the lease functions ask), dedup._caller (for dedup.forget's
+-- dedup._distributed (which the lease functions ask), dedup._written_here (for the
+-- row-level security dedup.distribute() sets), dedup._caller (for dedup.forget's
 -- audit row), dedup._count with the claim's time, and dedup.stats_counters with the new
 -- counters (the view on it is made again by sql/operations.sql); then sql/citus.sql,
 -- sql/operations.sql and sql/offsets.sql, which a new install runs too.
@@ -75,6 +76,14 @@ CREATE FUNCTION dedup._distributed() RETURNS pg_catalog.bool
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'distributed_wrapper';
+
+CREATE FUNCTION dedup._written_here(
+	"rel" pg_catalog.oid,
+	"row" pg_catalog.tid
+) RETURNS pg_catalog.bool
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'written_here_wrapper';
 
 CREATE FUNCTION dedup._caller() RETURNS pg_catalog.text
 STRICT STABLE PARALLEL SAFE

@@ -434,3 +434,66 @@ pub(crate) fn local_shards() -> Vec<(pg_sys::Oid, String)> {
     })
     .unwrap_or_else(|e| pgrx::error!("dedup: listing the claim table's shards failed: {e}"))
 }
+
+/// `dedup._written_here(rel, row)`: whether the row at `row` of `rel` (a table of dedup's
+/// schema) was written by this transaction, a subtransaction of it included. The policy
+/// `claims_update` that `dedup.distribute()` puts on `dedup.processed` asks it, so that a
+/// consumer's `UPDATE (result)` (set_result's, run as the caller on Citus) reaches only
+/// the claims its own transaction made (citus::consumer_grant_is_what_its_own_claims_need).
+/// It reads the tuple's header, not the `xmin` column: a row frozen an epoch ago keeps its
+/// 32-bit xmin, which can be this transaction's again, but is marked committed.
+#[pg_extern(name = "_written_here", stable, strict, parallel_safe)]
+pub(crate) fn written_here(rel: pg_sys::Oid, row: pg_sys::ItemPointerData) -> bool {
+    // SAFETY: inside the calling statement's transaction, under pgrx's guard (every call
+    // below raises an ERROR, never returns garbage, for a catalog or buffer failure).
+    // try_relation_open returns NULL for a relation that is gone; the relation is closed
+    // before returning. heap_fetch with SnapshotAny (not an MVCC snapshot, so no predicate
+    // lock or serialization check) returns false, with no pin, for a line pointer that is
+    // not a normal tuple; on true it leaves `buf` pinned and `tuple.t_data` pointing into
+    // it, read under the buffer's share lock and released before the pin.
+    unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+        if nsp == pg_sys::InvalidOid || pg_sys::get_rel_namespace(rel) != nsp {
+            return false;
+        }
+        let relation = pg_sys::try_relation_open(rel, pg_sys::AccessShareLock as _);
+        if relation.is_null() {
+            return false;
+        }
+        let form = (*relation).rd_rel;
+        let mut mine = false;
+        // A block past the table's end would be an ERROR from the read: not a row of ours.
+        let block = (u32::from(row.ip_blkid.bi_hi) << 16) | u32::from(row.ip_blkid.bi_lo);
+        if (*form).relkind == pg_sys::RELKIND_RELATION as std::ffi::c_char
+            && (*form).relam == pg_sys::HEAP_TABLE_AM_OID
+            && block
+                < pg_sys::RelationGetNumberOfBlocksInFork(
+                    relation,
+                    pg_sys::ForkNumber::MAIN_FORKNUM,
+                )
+        {
+            let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+            tuple.t_self = row;
+            let mut buf: pg_sys::Buffer = pg_sys::InvalidBuffer as _;
+            if pg_sys::heap_fetch(
+                relation,
+                std::ptr::addr_of_mut!(pg_sys::SnapshotAnyData),
+                &mut tuple,
+                &mut buf,
+                false,
+            ) {
+                pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_SHARE as _);
+                let header = tuple.t_data;
+                let hinted = (*header).t_infomask as u32
+                    & (pg_sys::HEAP_XMIN_COMMITTED | pg_sys::HEAP_XMIN_INVALID)
+                    != 0;
+                let xmin = pg_sys::HeapTupleHeaderGetXmin(header);
+                pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_UNLOCK as _);
+                pg_sys::ReleaseBuffer(buf);
+                mine = !hinted && pg_sys::TransactionIdIsCurrentTransactionId(xmin);
+            }
+        }
+        pg_sys::relation_close(relation, pg_sys::AccessShareLock as _);
+        mine
+    }
+}

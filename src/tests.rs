@@ -306,6 +306,46 @@ mod tests {
     }
 
     #[pg_test]
+    fn written_here_is_this_transactions_rows() {
+        // dedup._written_here, which the row-level security of dedup.distribute() asks: a
+        // claim this transaction made (savepoints included, not one rolled back) is, a row
+        // of another schema or a tid past the table's end is not (false, not an ERROR).
+        let here = |job: &str| {
+            Spi::get_one::<bool>(&format!(
+                "SELECT dedup._written_here(tableoid, ctid) FROM dedup.processed \
+                  WHERE job_id = '{job}'"
+            ))
+            .expect("query failed")
+        };
+        assert!(claim("SELECT dedup.try_claim('wh-1')"));
+        // Blocks with an exception handler are subtransactions: one ends well, one aborts.
+        Spi::run(
+            "DO $$ BEGIN BEGIN PERFORM dedup.try_claim('wh-2'); \
+             EXCEPTION WHEN OTHERS THEN NULL; END; END $$",
+        )
+        .unwrap();
+        Spi::run(
+            "DO $$ BEGIN BEGIN PERFORM dedup.try_claim('wh-3'); RAISE EXCEPTION 'undo'; \
+             EXCEPTION WHEN raise_exception THEN NULL; END; END $$",
+        )
+        .unwrap();
+        assert_eq!(here("wh-1"), Some(true));
+        assert_eq!(here("wh-2"), Some(true));
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM dedup.processed WHERE job_id = 'wh-3'"),
+            Ok(Some(0))
+        );
+        for sql in [
+            "SELECT dedup._written_here('pg_catalog.pg_class'::regclass, '(0,1)')",
+            "SELECT dedup._written_here('dedup.processed'::regclass, '(100000,1)')",
+            "SELECT dedup._written_here('dedup.processed'::regclass, '(0,65000)')",
+            "SELECT dedup._written_here(0, '(0,1)')",
+        ] {
+            assert_eq!(Spi::get_one::<bool>(sql), Ok(Some(false)), "{sql}");
+        }
+    }
+
+    #[pg_test]
     fn processed_table_layout() {
         // Key columns in the "C" collation (bytewise comparison); the primary key starts
         // with job_id, which tells keys apart at the first column; no other index; the

@@ -68,9 +68,46 @@ BEGIN
 END
 $$;
 
--- Store the result of a job this transaction claimed with try_claim. "This transaction"
--- is the row's xmin being one of this transaction's ids (a savepoint's too): the row is
--- visible and pg_xact_status says 'in progress' only for this transaction's own ids.
+-- Whether a visible row whose 32-bit xmin is xmin32 was written by this transaction (a
+-- savepoint of it included): the row is visible, and pg_xact_status says 'in progress' only
+-- for this transaction's own ids. Its ids are its top-level id and the later ids of its
+-- savepoints: the row's xmin is at most 2^31 ahead of the top-level id, whose epoch gives
+-- the full id. (Without a top-level id, this transaction has written nothing.) The caller
+-- also checks the row is stamped with this transaction's start or later: an older claim
+-- whose 32-bit xmin matches one of our ids (kept for 2^32 transactions) is not ours.
+CREATE FUNCTION dedup._portable_xmin_is_ours(xmin32 pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql STABLE PARALLEL RESTRICTED
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    top    xid8;
+    top32  bigint;
+    ahead  bigint;
+    status text;
+BEGIN
+    top := pg_current_xact_id_if_assigned();
+    IF top IS NULL OR xmin32 IS NULL THEN
+        RETURN false;
+    END IF;
+    top32 := (top::text::numeric % 4294967296)::bigint;
+    ahead := ((xmin32 - top32) % 4294967296 + 4294967296) % 4294967296;
+    IF ahead >= 2147483648 THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        -- An id of an old row that is not ours may lie outside what pg_xact_status answers
+        -- for ("in the future" of the wrapped counter): not ours either.
+        status := pg_xact_status((top::text::numeric + ahead)::text::xid8);
+    EXCEPTION WHEN OTHERS THEN
+        status := NULL;
+    END;
+    RETURN status IS NOT DISTINCT FROM 'in progress';
+END
+$$;
+
+-- Store the result of a job this transaction claimed with try_claim ("this transaction":
+-- dedup._portable_xmin_is_ours).
 CREATE FUNCTION dedup.set_result(
     job_id pg_catalog.text, result pg_catalog.jsonb, scope pg_catalog.text DEFAULT 'default')
 RETURNS void
@@ -80,10 +117,6 @@ AS $$
 DECLARE
     f      constant text := 'dedup.set_result';
     held   record;
-    top    xid8;
-    top32  bigint;
-    ahead  bigint;
-    status text;
 BEGIN
     PERFORM dedup._check_claim(f, job_id, scope, NULL);
     SELECT p.xmin::text::bigint AS xmin32, p.lease_expires_at IS NOT NULL AS leased,
@@ -96,31 +129,7 @@ BEGIN
     IF held.leased THEN
         PERFORM dedup._portable_error('leased', f);
     END IF;
-    -- A row this transaction wrote is stamped with its start or later: an older claim whose
-    -- 32-bit xmin matches one of our ids (kept for 2^32 transactions) is not ours.
-    IF NOT held.recent THEN
-        PERFORM dedup._portable_error('not_claimed_here', f);
-    END IF;
-    -- This transaction's ids are its top-level id and the later ids of its savepoints: the
-    -- row's 32-bit xmin is at most 2^31 ahead of the top-level id, whose epoch gives the
-    -- full id. (Without a top-level id, this transaction has written nothing.)
-    top := pg_current_xact_id_if_assigned();
-    IF top IS NULL THEN
-        PERFORM dedup._portable_error('not_claimed_here', f);
-    END IF;
-    top32 := (top::text::numeric % 4294967296)::bigint;
-    ahead := ((held.xmin32 - top32) % 4294967296 + 4294967296) % 4294967296;
-    IF ahead >= 2147483648 THEN
-        PERFORM dedup._portable_error('not_claimed_here', f);
-    END IF;
-    BEGIN
-        -- An id of an old row that is not ours may lie outside what pg_xact_status answers
-        -- for ("in the future" of the wrapped counter): not ours either.
-        status := pg_xact_status((top::text::numeric + ahead)::text::xid8);
-    EXCEPTION WHEN OTHERS THEN
-        status := NULL;
-    END;
-    IF status IS DISTINCT FROM 'in progress' THEN
+    IF NOT held.recent OR NOT dedup._portable_xmin_is_ours(held.xmin32) THEN
         PERFORM dedup._portable_error('not_claimed_here', f);
     END IF;
     UPDATE dedup.processed AS p SET result = set_result.result
