@@ -175,6 +175,27 @@ BEGIN
     END IF;
     PERFORM pg_catalog.create_reference_table('dedup.scope_retention');
     PERFORM pg_catalog.truncate_local_data_after_distributing_table('dedup.scope_retention');
+    -- On Citus a consumer's claim, set_result and claim_result run as the consumer, which
+    -- holds column grants on dedup.processed (docs/citus.md). Row-level security narrows
+    -- them to its own claims: it stores a result only on a claim its own transaction made,
+    -- and stamps a claim no later than a day ahead (never pruned otherwise). A role that may
+    -- DELETE claims (the extension's owner, dedup.prune_role) may lock any of them, as a
+    -- prune pass does. The owner and superusers are not subject to it (no FORCE). Citus
+    -- copies the policies to every shard, where each is checked again as the caller.
+    DROP POLICY IF EXISTS claims_select ON dedup.processed;
+    DROP POLICY IF EXISTS claims_insert ON dedup.processed;
+    DROP POLICY IF EXISTS claims_update ON dedup.processed;
+    DROP POLICY IF EXISTS claims_delete ON dedup.processed;
+    CREATE POLICY claims_select ON dedup.processed FOR SELECT USING (true);
+    CREATE POLICY claims_insert ON dedup.processed FOR INSERT
+        WITH CHECK (processed_at OPERATOR(pg_catalog.<=)
+                    (pg_catalog.now() OPERATOR(pg_catalog.+) '1 day'::pg_catalog.interval));
+    CREATE POLICY claims_update ON dedup.processed FOR UPDATE
+        USING (pg_catalog.has_table_privilege(tableoid, 'DELETE')
+               OR dedup._written_here(tableoid, ctid))
+        WITH CHECK (true);
+    CREATE POLICY claims_delete ON dedup.processed FOR DELETE USING (true);
+    ALTER TABLE dedup.processed ENABLE ROW LEVEL SECURITY;
     IF shard_count IS NULL THEN
         PERFORM pg_catalog.create_distributed_table('dedup.processed', 'job_id',
                                                     colocate_with => colocate_with);

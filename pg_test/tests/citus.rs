@@ -531,6 +531,11 @@ async fn consumer_grant_is_what_its_own_claims_need(cc: Cc) -> Result<()> {
             ),
             "UPDATE dedup.processed SET lease_expires_at = 'infinity' WHERE job_id = 'hijack'"
                 .to_string(),
+            // A claim stamped far ahead would never be pruned (row-level security).
+            format!(
+                "INSERT INTO dedup.processed (scope, job_id, processed_at) \
+                 VALUES ('default', 'future-{i}', now() + interval '2 days')"
+            ),
         ] {
             let refused = state_of(app.execute(sql.as_str(), &[]).await, &sql)?;
             ensure!(
@@ -552,6 +557,61 @@ async fn consumer_grant_is_what_its_own_claims_need(cc: Cc) -> Result<()> {
             "node {i}: a guessed lease id: {guessed}"
         );
     }
+    // A stored result is its claimer's: APP's UPDATE (result), from any node, reaches only
+    // the claims its own transaction made (row-level security on every shard), not another
+    // role's, nor its own of an earlier transaction.
+    coord
+        .batch_execute(
+            "BEGIN; SELECT dedup.try_claim('other-res'); \
+             SELECT dedup.set_result('other-res', '{\"by\": \"owner\"}'); COMMIT",
+        )
+        .await?;
+    for i in 0..3usize {
+        let app = node_as(&cc, i, APP).await?;
+        for job in ["other-res".to_string(), format!("grant-{i}")] {
+            let n = app
+                .execute(
+                    "UPDATE dedup.processed SET result = '{\"forged\": 1}' WHERE job_id = $1",
+                    &[&job],
+                )
+                .await
+                .with_context(|| format!("node {i}: UPDATE of {job} as {APP}"))?;
+            ensure!(n == 0, "node {i}: {APP} overwrote the result of {job}");
+        }
+        // Its own claim, in the same transaction: the UPDATE set_result makes.
+        app.batch_execute("BEGIN").await?;
+        let job = format!("own-{i}");
+        app.query_one("SELECT dedup.try_claim($1)", &[&job]).await?;
+        let n = app
+            .execute(
+                "UPDATE dedup.processed SET result = '{\"own\": 1}' WHERE job_id = $1",
+                &[&job],
+            )
+            .await?;
+        app.batch_execute("COMMIT").await?;
+        ensure!(n == 1, "node {i}: {APP} updated {n} rows of its own claim");
+    }
+    let results: Vec<String> = coord
+        .query(
+            "SELECT job_id || '=' || result::text FROM dedup.processed \
+              WHERE job_id IN ('other-res', 'grant-0', 'grant-1', 'grant-2') ORDER BY job_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure!(
+        results
+            == [
+                r#"grant-0={"ok": 1}"#,
+                r#"grant-1={"ok": 1}"#,
+                r#"grant-2={"ok": 1}"#,
+                r#"other-res={"by": "owner"}"#
+            ],
+        "stored results after {APP}'s UPDATEs: {results:?}"
+    );
+
     // The holder's lease is untouched: it completes, and its result is the one stored.
     coord
         .execute(
@@ -570,7 +630,7 @@ async fn consumer_grant_is_what_its_own_claims_need(cc: Cc) -> Result<()> {
     ensure!(by == "holder", "the stored result is {by:?}'s");
     let never = one_i64(
         &coord,
-        "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'never-ends-%' OR job_id LIKE 'injected-%'",
+        "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'never-ends-%' OR job_id LIKE 'injected-%' OR job_id LIKE 'future-%'",
     )
     .await?;
     ensure!(never == 0, "{never} rows inserted by hand");
@@ -1180,7 +1240,79 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
     )
     .await?;
     ensure!(still == 1, "the running lease was pruned");
-    Ok(())
+
+    // Again with a dedup.prune_role that is not a superuser, holding the grants of the docs
+    // (docs/reference/settings.md): the row-level security dedup.distribute() put on every
+    // shard lets a role that may DELETE claims lock them first, as a pass does.
+    const PRUNER: &str = "citus_pruner";
+    const LOCAL_GRANTS: &str = "SELECT, INSERT, UPDATE ON dedup._prune_status TO citus_pruner; \
+         GRANT SELECT, DELETE ON dedup.forgotten TO citus_pruner; \
+         GRANT SELECT, INSERT, DELETE ON dedup._horizons TO citus_pruner; \
+         GRANT EXECUTE ON FUNCTION dedup._mark_horizon(float8), dedup._horizon(timestamptz) \
+               TO citus_pruner";
+    coord
+        .batch_execute(&format!("CREATE ROLE {PRUNER} LOGIN"))
+        .await?;
+    coord
+        .batch_execute(&format!(
+            "GRANT SELECT, UPDATE, DELETE ON dedup.processed TO {PRUNER}"
+        ))
+        .await?;
+    for c in [&coord, &w1, &w2] {
+        c.batch_execute(&format!("GRANT {LOCAL_GRANTS}")).await?;
+        c.batch_execute(&format!("ALTER SYSTEM SET dedup.prune_role = '{PRUNER}'"))
+            .await?;
+        c.batch_execute("SELECT pg_reload_conf()").await?;
+    }
+    let by_role = async {
+        coord
+            .batch_execute(
+                "BEGIN; SELECT dedup.try_claim('role-' || g, 'old') FROM generate_series(1, 200) g; COMMIT;
+                 UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE job_id LIKE 'role-%';",
+            )
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n = one_i64(
+                &coord,
+                "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'role-%'",
+            )
+            .await?;
+            if n == 0 {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the workers, as {PRUNER}, left {n} expired claims"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        for (i, c) in [&w1, &w2].into_iter().enumerate() {
+            let role: String = c
+                .query_one("SELECT current_setting('dedup.prune_role')", &[])
+                .await?
+                .get(0);
+            ensure!(role == PRUNER, "worker {}: prune_role {role:?}", i + 1);
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    for c in [&coord, &w1, &w2] {
+        c.batch_execute("ALTER SYSTEM RESET dedup.prune_role")
+            .await?;
+        c.batch_execute("SELECT pg_reload_conf()").await?;
+        c.batch_execute(&format!(
+            "REVOKE ALL ON dedup._prune_status, dedup.forgotten, dedup._horizons FROM {PRUNER}; \
+             REVOKE EXECUTE ON FUNCTION dedup._mark_horizon(float8), dedup._horizon(timestamptz) \
+                    FROM {PRUNER}"
+        ))
+        .await?;
+    }
+    coord
+        .batch_execute(&format!("REVOKE ALL ON dedup.processed FROM {PRUNER}"))
+        .await?;
+    coord.batch_execute(&format!("DROP ROLE {PRUNER}")).await?;
+    by_role
 }
 
 /// try_claim_many through Citus, from a worker; offsets on the coordinator, in a
