@@ -9,3 +9,11 @@ CREATE TABLE effects_c (job_id text COLLATE "C" NOT NULL, payload text NOT NULL)
 SELECT create_distributed_table('effects_c', 'job_id', colocate_with => 'dedup.processed');
 CREATE TABLE effects_n (job_id bigint NOT NULL, payload text NOT NULL);
 SELECT create_distributed_table('effects_n', 'job_id', colocate_with => 'none');
+-- The consumer role of docs/citus.md for the row-level security runs: its column grants on
+-- dedup.processed, and the colocated effect table. (Statements of their own: Citus changes
+-- roles over one connection per node.)
+CREATE ROLE bench_app LOGIN;
+GRANT SELECT (scope, job_id, processed_at, fingerprint, result, lease_expires_at),
+      INSERT (scope, job_id, fingerprint, processed_at), UPDATE (result)
+   ON dedup.processed TO bench_app;
+GRANT SELECT, INSERT ON effects_c TO bench_app;
