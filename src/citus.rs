@@ -487,7 +487,8 @@ pub(crate) fn written_here(rel: pg_sys::Oid, row: pg_sys::ItemPointerData) -> bo
                 let hinted = (*header).t_infomask as u32
                     & (pg_sys::HEAP_XMIN_COMMITTED | pg_sys::HEAP_XMIN_INVALID)
                     != 0;
-                let xmin = pg_sys::HeapTupleHeaderGetXmin(header);
+                // The raw xmin: a frozen row is hinted (both bits), and so refused above.
+                let xmin = (*header).t_choice.t_heap.t_xmin;
                 pg_sys::LockBuffer(buf, pg_sys::BUFFER_LOCK_UNLOCK as _);
                 pg_sys::ReleaseBuffer(buf);
                 mine = !hinted && pg_sys::TransactionIdIsCurrentTransactionId(xmin);
