@@ -37,6 +37,9 @@ cargo test --quiet -p dedup-pg-test --lib   # the doctest parser (pg_test/src/do
 cargo test --quiet -p dedup-pg-test --test scripts   # what a new machine runs first (pg_test/tests/scripts.rs)
 
 started=$(date +%s)
+# The majors tested before this one, dedup of this build installed in each: the integration
+# tests pg_upgrade from the oldest and the latest of them (upgrade.rs).
+earlier=
 for major in $majors; do
     use_major "$major"
     step "PostgreSQL $major: #[pg_test] unit tests"
@@ -54,6 +57,7 @@ for major in $majors; do
     install_extension
 
     step "PostgreSQL $major: integration tests against real servers"
+    export DEDUP_UPGRADE_FROM="${earlier# }"
     if [ "$major" = "$full_major" ] || [ "$(echo $majors | wc -w)" -eq 1 ]; then
         cargo test -p dedup-pg-test --test integration
     else
@@ -66,6 +70,7 @@ for major in $majors; do
     step "PostgreSQL $major: the package"
     bash scripts/package-test.sh "$major"
     printf '[test] PostgreSQL %s done, %s s since the first major began\n' "$major" $(($(date +%s) - started)) >&2
+    earlier="$earlier $(pg_config_of "$major")"
 done
 
 # The portable edition (docs/portable.md), on the system's PostgreSQL 15 where no dedup.so

@@ -1071,8 +1071,21 @@ fn check_file(data: &[u8]) -> Result<(usize, usize), String> {
 /// Call from shmem_startup, in the postmaster before any backend exists (the table is
 /// filled without its lock), with SHARED and HASH set, under its #[pg_guard].
 unsafe fn read_file() {
-    let Ok(data) = std::fs::read(STAT_FILE) else {
-        return;
+    let data = match std::fs::read(STAT_FILE) {
+        Ok(data) => data,
+        // Say so: after pg_upgrade (which copies no pg_stat/ file), a crash (the file is
+        // removed once read) or on a first start, the counters are not carried over.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            log!(
+                "dedup: no {STAT_FILE} (a first start, a crash, or a data directory made by \
+                 pg_upgrade or a restore): the counters start from zero"
+            );
+            return;
+        }
+        Err(e) => {
+            log!("dedup: could not read {STAT_FILE}: {e}; the counters start from zero");
+            return;
+        }
     };
     let _ = std::fs::remove_file(STAT_FILE);
     let (count, values) = match check_file(&data) {

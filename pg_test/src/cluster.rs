@@ -170,10 +170,77 @@ pub struct Cluster {
 impl Cluster {
     /// `initdb` a new cluster and start it.
     pub fn start(opts: Options) -> Result<Cluster> {
-        let bindir = bindir()?;
+        Self::start_with(bindir()?, opts)
+    }
+
+    /// `initdb` a new cluster of the server in `bindir` (another major's tree) and start it.
+    pub fn start_with(bindir: PathBuf, opts: Options) -> Result<Cluster> {
+        let mut c = Self::init(bindir, opts)?;
+        c.start_server()?;
+        Ok(c)
+    }
+
+    /// `pg_upgrade` this cluster (stopped first) into a new cluster of the server in
+    /// `bindir`, with `opts` in its configuration, left stopped ([`Cluster::start_again`]
+    /// starts it). This cluster's data directory stays as pg_upgrade left it (copy mode).
+    pub fn pg_upgrade_to(&mut self, bindir: PathBuf, opts: Options) -> Result<Cluster> {
+        self.stop("fast")?;
+        // pg_upgrade wants the same data checksums on both sides; PostgreSQL 18's initdb
+        // turns them on unless told not to.
+        let control = run(as_server_user(self.bindir.join("pg_controldata")).arg(&self.data))?;
+        let checksums = String::from_utf8_lossy(&control.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("Data page checksum version:"))
+            .map(|v| v.trim() != "0")
+            .context("pg_controldata printed no data page checksum version")?;
+        let help = run(Command::new(bindir.join("initdb")).arg("--help"))?;
+        let flag = if checksums {
+            Some("--data-checksums")
+        } else if String::from_utf8_lossy(&help.stdout).contains("--no-data-checksums") {
+            Some("--no-data-checksums")
+        } else {
+            None
+        };
+        let new = Self::init_with(bindir, opts, flag)?;
+        // pg_upgrade writes its logs and sockets into its working directory.
+        let out = as_server_user(new.bindir.join("pg_upgrade"))
+            .current_dir(&new.dir)
+            .arg("-b")
+            .arg(&self.bindir)
+            .arg("-B")
+            .arg(&new.bindir)
+            .arg("-d")
+            .arg(&self.data)
+            .arg("-D")
+            .arg(&new.data)
+            .args(["-U", "postgres", "--no-sync"])
+            .arg("-p")
+            .arg(free_port()?.to_string())
+            .arg("-P")
+            .arg(free_port()?.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .context("running pg_upgrade")?;
+        if !out.status.success() {
+            bail!(
+                "pg_upgrade failed with {}:\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(new)
+    }
+
+    fn init(bindir: PathBuf, opts: Options) -> Result<Cluster> {
+        Self::init_with(bindir, opts, None)
+    }
+
+    fn init_with(bindir: PathBuf, opts: Options, extra: Option<&str>) -> Result<Cluster> {
         let dir = Self::make_dir(&opts.name)?;
         let data = dir.join("data");
         run(as_server_user(bindir.join("initdb"))
+            .args(extra)
             .arg("-D")
             .arg(&data)
             .args([
@@ -194,7 +261,6 @@ impl Cluster {
             running: false,
         };
         c.write_conf(&opts)?;
-        c.start_server()?;
         Ok(c)
     }
 

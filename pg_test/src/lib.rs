@@ -113,3 +113,17 @@ pub async fn claims(c: &Conn) -> Result<Vec<(String, String, String)>> {
     .map(|r| (r.get(0), r.get(1), r.get(2)))
     .collect())
 }
+
+/// A test's error that says it cannot apply to this run, and why (the integration harness
+/// counts it as not applicable, not as passed): e.g. `pg_upgrade` from an older major when
+/// this run installed dedup into no older major.
+#[derive(Debug)]
+pub struct NotApplicable(pub String);
+
+impl std::fmt::Display for NotApplicable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotApplicable {}

@@ -3,6 +3,7 @@
 //! the claims and the whole API work.
 use crate::common::{claim, ensure_eq, Ctx};
 use anyhow::{bail, Context, Result};
+use dedup_pg_test::cluster::{Cluster, Options};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
@@ -237,6 +238,250 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
             "claim with a fingerprint after the upgrade",
         )?;
         u.batch_execute("COMMIT").await?;
+    }
+    Ok(())
+}
+
+/// What a database's dedup holds, as text, for comparing before and after an upgrade of the
+/// server: every claim (of the scopes that do not expire here) with its time, fingerprint,
+/// result and lease, the scope retentions, the offsets, the forgotten-job audit rows.
+const HOLDINGS: &[&str] = &[
+    "SELECT scope || ' ' || job_id || ' ' || processed_at::text || ' ' || coalesce(fingerprint, '-') \
+            || ' ' || coalesce(result::text, '-') || ' ' || coalesce(lease_id::text, '-') \
+            || ' ' || coalesce(lease_expires_at::text, '-') \
+       FROM dedup.processed WHERE scope <> 'short' ORDER BY scope, job_id",
+    "SELECT scope || '=' || retention::text FROM dedup.scope_retention ORDER BY 1",
+    "SELECT o::text FROM dedup.offsets AS o ORDER BY 1",
+    "SELECT f::text FROM dedup.forgotten AS f ORDER BY 1",
+];
+
+async fn holdings(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
+    let mut all = Vec::new();
+    for q in HOLDINGS {
+        for r in c.query(*q, &[]).await.with_context(|| q.to_string())? {
+            all.push(r.get::<_, String>(0));
+        }
+    }
+    Ok(all)
+}
+
+async fn counted(c: &dedup_pg_test::Conn) -> Result<(i64, i64)> {
+    let r = c
+        .query_one(
+            "SELECT coalesce(sum(claims), 0)::bigint, coalesce(sum(duplicates), 0)::bigint \
+               FROM dedup.stats WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1)))
+}
+
+fn bindir_of(pg_config: &str) -> Result<PathBuf> {
+    let out = Command::new(pg_config).arg("--bindir").output()?;
+    ensure_eq(out.status.success(), true, "pg_config --bindir")?;
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// `pg_upgrade` from an older major to this one (issue 29): from the oldest and from the
+/// latest of the majors this run tested before (`DEDUP_UPGRADE_FROM`, which scripts/test.sh
+/// sets; dedup of this build is installed in each). Claims, fingerprints, a stored result,
+/// a lease, an offset, a scope retention and a forgotten job's audit row are all there
+/// afterwards and answer as before; the worker prunes on the new major. The counters are
+/// not in what pg_upgrade copies: the first upgrade copies pg_stat/dedup.stat across, as
+/// docs/operations.md tells (they carry over); the second does not (they start from zero,
+/// and the new server's log says so).
+pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Result<()> {
+    let from: Vec<String> = std::env::var("DEDUP_UPGRADE_FROM")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let mut olds = Vec::new();
+    for p in [from.first(), from.last()].into_iter().flatten() {
+        if !olds.contains(p) {
+            olds.push(p.clone());
+        }
+    }
+    if olds.is_empty() {
+        return Err(dedup_pg_test::NotApplicable(
+            "no older major to upgrade from: DEDUP_UPGRADE_FROM (set by scripts/test.sh to the \
+             majors it tested before this one) is empty"
+                .into(),
+        )
+        .into());
+    }
+    let new_bindir = dedup_pg_test::cluster::bindir()?;
+    for (i, old_config) in olds.iter().enumerate() {
+        let copy_counters = i == 0;
+        let old_bindir = bindir_of(old_config)?;
+        let conf = |name: &str, interval: &str| {
+            Options::named(name)
+                .set("shared_preload_libraries", "dedup")
+                .set("dedup.prune_interval", interval)
+        };
+        let mut old = Cluster::start_with(old_bindir.clone(), conf("upgrade-old", "0"))?;
+        old.psql("postgres", "CREATE DATABASE up")?;
+        old.psql("up", "CREATE EXTENSION dedup")?;
+        let o = dedup_pg_test::connect(&old.dsn("up")).await?;
+        o.batch_execute(
+            "SELECT dedup.set_retention('short', interval '1 hour');
+             BEGIN; SELECT dedup.try_claim('job-' || g) FROM generate_series(1, 500) g; COMMIT;
+             BEGIN; SELECT dedup.try_claim(g::bigint, 'ints') FROM generate_series(1, 100) g; COMMIT;
+             BEGIN; SELECT dedup.try_claim('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid); COMMIT;
+             BEGIN; SELECT dedup.try_claim('fp-1', 'default', 'fingerprint-a'); COMMIT;
+             BEGIN; SELECT dedup.try_claim('res-1'); SELECT dedup.set_result('res-1', '{\"total\": 42}'); COMMIT;
+             SELECT dedup.lease('lease-1', 'default', interval '1 hour');
+             BEGIN; SELECT dedup.advance('orders', 0, 1, 250); COMMIT;
+             BEGIN; SELECT dedup.try_claim('gone'); COMMIT;
+             SELECT dedup.forget('gone');
+             BEGIN; SELECT dedup.try_claim('old-' || g, 'short') FROM generate_series(1, 50) g; COMMIT;
+             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE scope = 'short';
+             BEGIN; SELECT dedup.try_claim('job-1'); COMMIT;",
+        )
+        .await?;
+        let before = holdings(&o).await?;
+        let counted_before = counted(&o).await?;
+        let version: String = o
+            .query_one(
+                "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
+                &[],
+            )
+            .await?
+            .get(0);
+        let old_version: String = o.query_one("SHOW server_version", &[]).await?.get(0);
+        drop(o);
+
+        let mut new = old
+            .pg_upgrade_to(new_bindir.clone(), conf("upgrade-new", "1"))
+            .with_context(|| format!("pg_upgrade from {}", old_bindir.display()))?;
+        if copy_counters {
+            let file = old.data.join("pg_stat/dedup.stat");
+            let to = new.data.join("pg_stat/dedup.stat");
+            std::fs::copy(&file, &to).with_context(|| {
+                format!(
+                    "copying {} (written at the old server's stop)",
+                    file.display()
+                )
+            })?;
+            if dedup_pg_test::cluster::is_root() {
+                dedup_pg_test::cluster::run(Command::new("chown").arg("postgres:").arg(&to))?;
+            }
+        }
+        new.start_again()?;
+        let n = dedup_pg_test::connect_when_up(&new.dsn("up")).await?;
+        let new_version: String = n.query_one("SHOW server_version", &[]).await?.get(0);
+        println!("  pg_upgrade {old_version} -> {new_version}, counters copied: {copy_counters}");
+        let counted_after = counted(&n).await?;
+        if copy_counters {
+            ensure_eq(
+                counted_after,
+                counted_before,
+                "counters after copying dedup.stat",
+            )?;
+        } else {
+            ensure_eq(counted_after, (0, 0), "counters without the file")?;
+            if !new.log_text().contains("the counters start from zero") {
+                bail!(
+                    "the new server's log does not say the counters start from zero:\n{}",
+                    new.log_tail(20)
+                );
+            }
+        }
+        n.batch_execute("ALTER EXTENSION dedup UPDATE").await?;
+        let after_version: String = n
+            .query_one(
+                "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
+                &[],
+            )
+            .await?
+            .get(0);
+        ensure_eq(
+            after_version.as_str(),
+            version.as_str(),
+            "extension version",
+        )?;
+        let after = holdings(&n).await?;
+        if after != before {
+            bail!("{old_version} -> {new_version}: what dedup holds changed:\nbefore {before:#?}\nafter {after:#?}");
+        }
+        ensure_eq(before.len() >= 604, true, "claims compared")?;
+        // Everything answers as before.
+        n.batch_execute("BEGIN").await?;
+        ensure_eq(
+            claim(&n, "SELECT dedup.try_claim('job-1')").await?,
+            false,
+            "a copy of job-1",
+        )?;
+        ensure_eq(
+            claim(&n, "SELECT dedup.try_claim(7::bigint, 'ints')").await?,
+            false,
+            "a copy of 7",
+        )?;
+        ensure_eq(
+            claim(
+                &n,
+                "SELECT dedup.try_claim('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid)",
+            )
+            .await?,
+            false,
+            "a copy of the uuid",
+        )?;
+        ensure_eq(
+            claim(&n, "SELECT dedup.try_claim('new-job')").await?,
+            true,
+            "a new job",
+        )?;
+        n.batch_execute("COMMIT").await?;
+        let mismatch = n
+            .query_one(
+                "SELECT dedup.try_claim('fp-1', 'default', 'fingerprint-b')",
+                &[],
+            )
+            .await;
+        ensure_eq(
+            mismatch.err().as_ref().and_then(dedup_pg_test::sqlstate),
+            Some("YD001"),
+            "another fingerprint for fp-1",
+        )?;
+        let result: String = n
+            .query_one("SELECT result::text FROM dedup.claim_result('res-1')", &[])
+            .await?
+            .get(0);
+        ensure_eq(result.as_str(), r#"{"total": 42}"#, "stored result")?;
+        let status: String = n
+            .query_one("SELECT status FROM dedup.lease('lease-1')", &[])
+            .await?
+            .get(0);
+        ensure_eq(status.as_str(), "busy", "the running lease")?;
+        let position: i64 = n
+            .query_one("SELECT dedup.position('orders', 0)", &[])
+            .await?
+            .get(0);
+        ensure_eq(position, 250, "the offset")?;
+        // The worker prunes on the new major.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left: i64 = n
+                .query_one(
+                    "SELECT count(*) FROM dedup.processed WHERE scope = 'short'",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "{left} expired claims not pruned on {new_version}:\n{}",
+                    new.log_tail(20)
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        drop(n);
+        drop(new);
+        drop(old);
     }
     Ok(())
 }
