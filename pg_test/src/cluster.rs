@@ -285,6 +285,23 @@ impl Cluster {
             ])
             .arg("-p")
             .arg(primary.port.to_string()))?;
+        // The connection string `-R` writes holds every option this major's libpq knows
+        // (17 adds sslnegotiation), but the walreceiver of the wheels' servers loads the
+        // system's older libpq, which refuses an option it does not know: the standby
+        // would never stream (it only had what the base backup copied). The options that
+        // matter here, and nothing else.
+        let auto = data.join("postgresql.auto.conf");
+        let text = std::fs::read_to_string(&auto)?;
+        let mut kept: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("primary_conninfo"))
+            .map(str::to_string)
+            .collect();
+        kept.push(format!(
+            "primary_conninfo = 'host=127.0.0.1 port={} user=postgres'",
+            primary.port
+        ));
+        std::fs::write(&auto, kept.join("\n") + "\n")?;
         let mut c = Cluster {
             port: 0,
             dir,

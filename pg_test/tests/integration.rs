@@ -78,6 +78,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     crash::killed_backend_loses_its_claim_and_server_keeps_committed_ones,
     crash::immediate_stop_keeps_committed_claims_only,
     crash::set_result_refuses_a_claim_of_an_earlier_epoch,
+    crash::failover_keeps_what_the_standby_replayed,
     isolation_levels::snapshot_that_misses_a_committed_claim_gets_40001_then_false,
     isolation_levels::waiting_repeatable_read_claim_gets_40001_or_true,
     security::unprivileged_role_claims_but_cannot_touch_the_table,

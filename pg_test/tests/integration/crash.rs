@@ -220,3 +220,187 @@ pub async fn set_result_refuses_a_claim_of_an_earlier_epoch(_ctx: Ctx) -> Result
     cluster.stop("fast")?;
     Ok(())
 }
+
+/// A failover (issue 29): four writers claim new jobs, each claim and its effect in one
+/// transaction, on a primary with a streaming standby, until the primary is stopped with
+/// `-m immediate` under them; the standby is promoted. With the standby synchronous
+/// (`synchronous_commit = on`, the default, and `synchronous_standby_names`), every
+/// commit a writer saw acknowledged is on the promoted server. Asynchronous, some may be
+/// missing (counted, not required to be zero or not). Either way, on the promoted server
+/// every claim has its effect and every effect its claim, and redelivering every job a
+/// writer tried (acknowledged or not) runs each missing one once and no other: each job's
+/// effect exists exactly once.
+pub async fn failover_keeps_what_the_standby_replayed(_ctx: Ctx) -> Result<()> {
+    for synchronous in [true, false] {
+        let name = if synchronous {
+            "failover-sync"
+        } else {
+            "failover-async"
+        };
+        let mut primary =
+            tokio::task::spawn_blocking(move || Cluster::start(Options::named(name))).await??;
+        primary.create_db_with_extension("crash")?;
+        primary.psql("crash", "CREATE TABLE effects (job_id text NOT NULL)")?;
+        let standby = Cluster::standby_of(
+            &primary,
+            Options::named("failover-standby").set("cluster_name", "standby1"),
+        )?;
+        if synchronous {
+            primary.psql(
+                "postgres",
+                "ALTER SYSTEM SET synchronous_standby_names = 'standby1'",
+            )?;
+            primary.psql("postgres", "SELECT pg_reload_conf()")?;
+        }
+        let admin = connect(&primary.dsn("postgres")).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let state: Option<String> = admin
+                .query_opt(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
+                    &[],
+                )
+                .await?
+                .map(|r| r.get(0));
+            let want = if synchronous { "sync" } else { "async" };
+            if state.as_deref() == Some(want) {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                let all: Vec<String> = admin
+                    .query(
+                        "SELECT application_name || ' ' || state || ' ' || sync_state FROM pg_stat_replication",
+                        &[],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                bail!(
+                    "the standby is {state:?}, not {want} (pg_stat_replication: {all:?}); its log:\n{}",
+                    standby.log_tail(15)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(admin);
+
+        // Writers: each remembers the jobs it tried and those whose COMMIT was acknowledged.
+        let dsn = primary.dsn("crash");
+        let mut writers = Vec::new();
+        for w in 0..4 {
+            let dsn = dsn.clone();
+            writers.push(tokio::spawn(async move {
+                let mut tried = Vec::new();
+                let mut acked = Vec::new();
+                let Ok(c) = connect(&dsn).await else {
+                    return (tried, acked);
+                };
+                for k in 0.. {
+                    let job = format!("w{w}-{k}");
+                    tried.push(job.clone());
+                    let r = async {
+                        c.batch_execute("BEGIN").await?;
+                        let fresh: bool = c
+                            .query_one("SELECT dedup.try_claim($1)", &[&job])
+                            .await?
+                            .get(0);
+                        if fresh {
+                            c.execute("INSERT INTO effects VALUES ($1)", &[&job])
+                                .await?;
+                        }
+                        c.batch_execute("COMMIT").await?;
+                        Ok::<_, tokio_postgres::Error>(())
+                    }
+                    .await;
+                    match r {
+                        Ok(()) => acked.push(job),
+                        Err(_) => break, // the primary is gone
+                    }
+                }
+                (tried, acked)
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::task::block_in_place(|| primary.stop("immediate"))?;
+        let mut tried = Vec::new();
+        let mut acked = Vec::new();
+        for w in writers {
+            let (t, a) = w.await?;
+            tried.extend(t);
+            acked.extend(a);
+        }
+        ensure_eq(
+            acked.len() > 100,
+            true,
+            "commits acknowledged before the stop",
+        )?;
+        tokio::task::block_in_place(|| standby.promote())?;
+        let s = connect_when_up(&standby.dsn("crash")).await?;
+        let claimed: std::collections::HashSet<String> = s
+            .query("SELECT job_id FROM dedup.processed", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let effects: Vec<String> = s
+            .query("SELECT job_id FROM effects", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let effect_set: std::collections::HashSet<String> = effects.iter().cloned().collect();
+        ensure_eq(effects.len(), effect_set.len(), "effects with one row each")?;
+        ensure_eq(
+            &claimed,
+            &effect_set,
+            "claims and effects on the promoted server",
+        )?;
+        let missing = acked.iter().filter(|j| !claimed.contains(*j)).count();
+        println!(
+            "  {}: {} commits acknowledged, {} on the promoted server, {missing} acknowledged and missing",
+            if synchronous { "synchronous standby" } else { "asynchronous standby" },
+            acked.len(),
+            claimed.len()
+        );
+        if synchronous {
+            ensure_eq(
+                missing,
+                0,
+                "acknowledged commits missing after a synchronous failover",
+            )?;
+        }
+        // Every job redelivered to the promoted server: each runs at most once more, and
+        // afterwards each has exactly one effect.
+        let mut ran_again = 0;
+        for job in &tried {
+            s.batch_execute("BEGIN").await?;
+            if claim(&s, &format!("SELECT dedup.try_claim('{job}')")).await? {
+                s.execute("INSERT INTO effects VALUES ($1)", &[job]).await?;
+                ran_again += 1;
+            }
+            s.batch_execute("COMMIT").await?;
+        }
+        let (rows, distinct): (i64, i64) = {
+            let r = s
+                .query_one("SELECT count(*), count(DISTINCT job_id) FROM effects", &[])
+                .await?;
+            (r.get(0), r.get(1))
+        };
+        ensure_eq(rows, distinct, "effects after redelivery: one per job")?;
+        ensure_eq(
+            distinct as usize,
+            tried.len(),
+            "every job tried has its effect",
+        )?;
+        ensure_eq(
+            ran_again,
+            tried.len() - claimed.len(),
+            "jobs run again: those the promoted server did not have",
+        )?;
+        drop(s);
+        drop(standby);
+        drop(primary);
+    }
+    Ok(())
+}
