@@ -249,11 +249,12 @@ pub(crate) fn try_claim_many_fingerprint(
 /// `dedup.advance` and `dedup.position`, with errors that name `func`.
 #[pg_extern(name = "_check_offset", volatile, parallel_safe)]
 pub(crate) fn check_offset(
-    func: &str,
+    func: Option<&str>,
     stream: Option<&str>,
     partition: Option<i32>,
     position: Option<i64>,
 ) {
+    let func = func.unwrap_or_else(|| error::null_argument("dedup._check_offset", "func"));
     let stream = stream.unwrap_or_else(|| error::null_argument(func, "stream"));
     let partition = partition.unwrap_or_else(|| error::null_argument(func, "partition"));
     let position = position.unwrap_or_else(|| error::null_argument(func, "position"));

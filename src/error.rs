@@ -28,6 +28,9 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
+        } else if arg == "func" || arg == "event" {
+            "This internal function is called by dedup's own functions with a constant here: \
+             call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead."
         } else if arg == "fingerprints" {
             "Pass one fingerprint per job id, in the same order (NULL for a job without one), or \
              leave the argument out."
@@ -370,5 +373,16 @@ pub fn claim_kept_changing(func: &str, scope: &str, job_id: &str, tries: u32) ->
         ),
         "Retry the whole transaction: another session is leasing and releasing (or \
          forgetting) this job over and over.",
+    )
+}
+
+/// `dedup._count` with an event it does not count (it is called by dedup's own lease and
+/// offset functions, with a constant event).
+pub fn unknown_event(event: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("dedup._count: unknown event {event:?}"),
+        "The events are acquired, done, busy, fingerprint_mismatch, advance and stale; \
+         dedup's own functions call dedup._count, not applications.",
     )
 }

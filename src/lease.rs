@@ -12,7 +12,13 @@ use pgrx::prelude::*;
 /// `dedup._check_claim(func, job_id, scope, fingerprint)`: the checks every claim and lease
 /// makes, with errors that name `func`.
 #[pg_extern(name = "_check_claim", volatile, parallel_unsafe)]
-fn check_claim(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint: Option<&str>) {
+fn check_claim(
+    func: Option<&str>,
+    job_id: Option<&str>,
+    scope: Option<&str>,
+    fingerprint: Option<&str>,
+) {
+    let func = func.unwrap_or_else(|| error::null_argument("dedup._check_claim", "func"));
     let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
     if job_id.is_empty() {
         error::empty_argument(func, "job_id");
@@ -41,7 +47,7 @@ fn set_result(
     scope: default!(Option<&str>, "'default'"),
 ) {
     const F: &str = "dedup.set_result";
-    check_claim(F, job_id, scope, None);
+    check_claim(Some(F), job_id, scope, None);
     let args = [
         DatumWithOid::from(job_id),
         DatumWithOid::from(scope),

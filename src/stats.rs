@@ -1274,13 +1274,19 @@ fn stats_reset() {
 /// `dedup._count(scope, event)`: count a lease call (the lease functions are PL/pgSQL).
 #[pg_extern(name = "_count", volatile, parallel_unsafe)]
 fn count_event(scope: &str, event: &str) {
-    count_event_at(scope, event, None);
+    count_event_at(Some(scope), Some(event), None);
 }
 
 /// `dedup._count(scope, event, claimed_at)`: the same, with the time of the claim a `done`
 /// or `busy` lease call found (for the duplicate ages; 0.6.0).
 #[pg_extern(name = "_count", volatile, parallel_unsafe)]
-pub(crate) fn count_event_at(scope: &str, event: &str, claimed_at: Option<TimestampWithTimeZone>) {
+pub(crate) fn count_event_at(
+    scope: Option<&str>,
+    event: Option<&str>,
+    claimed_at: Option<TimestampWithTimeZone>,
+) {
+    let scope = scope.unwrap_or_else(|| error::null_argument("dedup._count", "scope"));
+    let event = event.unwrap_or_else(|| error::null_argument("dedup._count", "event"));
     let claimed_at = claimed_at.map_or(0, pg_sys::TimestampTz::from);
     let event = match event {
         "acquired" => Event::Claim,
@@ -1293,7 +1299,7 @@ pub(crate) fn count_event_at(scope: &str, event: &str, claimed_at: Option<Timest
         "fingerprint_mismatch" => Event::FingerprintMismatch,
         "advance" => Event::Advance { raised: true },
         "stale" => Event::Advance { raised: false },
-        other => pgrx::error!("dedup._count: unknown event {other:?}"),
+        other => error::unknown_event(other),
     };
     count(scope, event);
 }

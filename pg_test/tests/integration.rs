@@ -32,6 +32,8 @@ mod examples;
 mod experiment;
 #[path = "integration/fake_service.rs"]
 mod fake_service;
+#[path = "integration/fuzz.rs"]
+mod fuzz;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -79,6 +81,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     crash::immediate_stop_keeps_committed_claims_only,
     crash::set_result_refuses_a_claim_of_an_earlier_epoch,
     crash::failover_keeps_what_the_standby_replayed,
+    fuzz::every_function_survives_adversarial_arguments,
     isolation_levels::snapshot_that_misses_a_committed_claim_gets_40001_then_false,
     isolation_levels::waiting_repeatable_read_claim_gets_40001_or_true,
     security::unprivileged_role_claims_but_cannot_touch_the_table,
@@ -184,6 +187,10 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ("operations::a_counter_file_of_the_previous_format_is_read", COUNTERS),
     ("operations::batches_and_advances_are_counted", COUNTERS),
     ("worker::", WORKER),
+    (
+        "fuzz::",
+        "it calls the native library's functions with the counters preloaded; the portable edition's are PL/pgSQL",
+    ),
     ("security::worker_runs_no_code_a_database_owner_wrote", WORKER),
     ("security::worker_skips_a_schema_a_plain_role_controls", WORKER),
     (

@@ -79,11 +79,19 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 AS $$
 BEGIN
-    IF event IS NOT NULL
-       AND NOT event OPERATOR(pg_catalog.=) ANY ('{acquired,done,busy,fingerprint_mismatch,advance,stale}'::pg_catalog.text[]) THEN
-        RAISE EXCEPTION USING ERRCODE = 'XX000',
+    IF scope IS NULL OR event IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22004',
+            MESSAGE = pg_catalog.format('dedup._count: %s must not be NULL',
+                CASE WHEN scope IS NULL THEN 'scope' ELSE 'event' END),
+            HINT = 'This internal function is called by dedup''s own functions with a constant here: '
+                   'call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead.';
+    END IF;
+    IF NOT event OPERATOR(pg_catalog.=) ANY ('{acquired,done,busy,fingerprint_mismatch,advance,stale}'::pg_catalog.text[]) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = pg_catalog.format('dedup._count: unknown event "%s"',
-                pg_catalog.replace(pg_catalog.replace(event, '\', '\\'), '"', '\"'));
+                pg_catalog.replace(pg_catalog.replace(event, '\', '\\'), '"', '\"')),
+            HINT = 'The events are acquired, done, busy, fingerprint_mismatch, advance and stale; '
+                   'dedup''s own functions call dedup._count, not applications.';
     END IF;
 END
 $$;
