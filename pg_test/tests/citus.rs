@@ -1113,6 +1113,30 @@ async fn shard_move_while_claims_arrive(cc: Cc) -> Result<()> {
     Ok(())
 }
 
+/// 200 claims `<prefix>-N` of the scope 'old' (a 1-hour retention), aged by hand past it:
+/// the background workers (`who`) must prune them from every shard within 60 s.
+async fn aged_claims_are_pruned(coord: &Conn, prefix: &str, who: &str) -> Result<()> {
+    coord
+        .batch_execute(&format!(
+            "BEGIN; SELECT dedup.try_claim('{prefix}-' || g, 'old') FROM generate_series(1, 200) g; COMMIT;
+             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE job_id LIKE '{prefix}-%';"
+        ))
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = one_i64(
+            coord,
+            &format!("SELECT count(*) FROM dedup.processed WHERE job_id LIKE '{prefix}-%'"),
+        )
+        .await?;
+        if n == 0 {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{who} left {n} expired claims");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// A lease taken on the coordinator expires and is taken over on a worker, once; the
 /// take-over completes. Then expired claims, on shards of both workers, are pruned by
 /// dedup.prune() on each node and by each node's worker; running leases stay.
@@ -1202,28 +1226,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
     ensure!(left == ["old-lease"], "left after the prune: {left:?}");
 
     // The background workers: claims aged by hand disappear from both workers' shards.
-    coord
-        .batch_execute(
-            "BEGIN; SELECT dedup.try_claim('bg-' || g, 'old') FROM generate_series(1, 200) g; COMMIT;
-             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE job_id LIKE 'bg-%';",
-        )
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let n = one_i64(
-            &coord,
-            "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'bg-%'",
-        )
-        .await?;
-        if n == 0 {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the workers left {n} expired claims"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    aged_claims_are_pruned(&coord, "bg", "the workers").await?;
     for (i, c) in [&w1, &w2].into_iter().enumerate() {
         let by: String = c
             .query_one(
@@ -1265,28 +1268,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
         c.batch_execute("SELECT pg_reload_conf()").await?;
     }
     let by_role = async {
-        coord
-            .batch_execute(
-                "BEGIN; SELECT dedup.try_claim('role-' || g, 'old') FROM generate_series(1, 200) g; COMMIT;
-                 UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE job_id LIKE 'role-%';",
-            )
-            .await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let n = one_i64(
-                &coord,
-                "SELECT count(*) FROM dedup.processed WHERE job_id LIKE 'role-%'",
-            )
-            .await?;
-            if n == 0 {
-                break;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "the workers, as {PRUNER}, left {n} expired claims"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        aged_claims_are_pruned(&coord, "role", &format!("the workers, as {PRUNER},")).await?;
         for (i, c) in [&w1, &w2].into_iter().enumerate() {
             let role: String = c
                 .query_one("SELECT current_setting('dedup.prune_role')", &[])

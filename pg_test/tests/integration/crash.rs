@@ -253,8 +253,8 @@ pub async fn failover_keeps_what_the_standby_replayed(_ctx: Ctx) -> Result<()> {
             primary.psql("postgres", "SELECT pg_reload_conf()")?;
         }
         let admin = connect(&primary.dsn("postgres")).await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        let want = if synchronous { "sync" } else { "async" };
+        let streaming = crate::worker::eventually(30, "the standby streaming", || async {
             let state: Option<String> = admin
                 .query_opt(
                     "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby1'",
@@ -262,26 +262,23 @@ pub async fn failover_keeps_what_the_standby_replayed(_ctx: Ctx) -> Result<()> {
                 )
                 .await?
                 .map(|r| r.get(0));
-            let want = if synchronous { "sync" } else { "async" };
-            if state.as_deref() == Some(want) {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                let all: Vec<String> = admin
-                    .query(
-                        "SELECT application_name || ' ' || state || ' ' || sync_state FROM pg_stat_replication",
-                        &[],
-                    )
-                    .await?
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                bail!(
-                    "the standby is {state:?}, not {want} (pg_stat_replication: {all:?}); its log:\n{}",
-                    standby.log_tail(15)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(state.as_deref() == Some(want))
+        })
+        .await;
+        if let Err(e) = streaming {
+            let all: Vec<String> = admin
+                .query(
+                    "SELECT application_name || ' ' || state || ' ' || sync_state FROM pg_stat_replication",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            bail!(
+                "{e:#}: not {want} (pg_stat_replication: {all:?}); the standby's log:\n{}",
+                standby.log_tail(15)
+            );
         }
         drop(admin);
 

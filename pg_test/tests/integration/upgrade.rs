@@ -80,6 +80,16 @@ async fn catalog_signature(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The installed version of dedup in `c`'s database.
+async fn extversion(c: &dedup_pg_test::Conn) -> Result<String> {
+    Ok(c.query_one(
+        "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
+        &[],
+    )
+    .await?
+    .get(0))
+}
+
 pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
     let current: String = c
@@ -130,13 +140,7 @@ pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     .await?;
     let before = dedup_pg_test::claims(&u).await?;
     u.batch_execute("ALTER EXTENSION dedup UPDATE").await?;
-    let version: String = u
-        .query_one(
-            "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
-            &[],
-        )
-        .await?
-        .get(0);
+    let version = extversion(&u).await?;
     ensure_eq(
         version.as_str(),
         current.as_str(),
@@ -341,13 +345,7 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
         .await?;
         let before = holdings(&o).await?;
         let counted_before = counted(&o).await?;
-        let version: String = o
-            .query_one(
-                "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
-                &[],
-            )
-            .await?
-            .get(0);
+        let version = extversion(&o).await?;
         let old_version: String = o.query_one("SHOW server_version", &[]).await?.get(0);
         drop(o);
 
@@ -388,13 +386,7 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
             }
         }
         n.batch_execute("ALTER EXTENSION dedup UPDATE").await?;
-        let after_version: String = n
-            .query_one(
-                "SELECT extversion FROM pg_extension WHERE extname = 'dedup'",
-                &[],
-            )
-            .await?
-            .get(0);
+        let after_version = extversion(&n).await?;
         ensure_eq(
             after_version.as_str(),
             version.as_str(),
@@ -459,25 +451,17 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
             .get(0);
         ensure_eq(position, 250, "the offset")?;
         // The worker prunes on the new major.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let left: i64 = n
-                .query_one(
-                    "SELECT count(*) FROM dedup.processed WHERE scope = 'short'",
-                    &[],
-                )
-                .await?
-                .get(0);
-            if left == 0 {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                bail!(
-                    "{left} expired claims not pruned on {new_version}:\n{}",
-                    new.log_tail(20)
-                );
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let pruned = crate::worker::eventually(60, "the expired claims pruned", || async {
+            Ok(crate::worker::count(
+                &n,
+                "SELECT count(*) FROM dedup.processed WHERE scope = 'short'",
+            )
+            .await?
+                == 0)
+        })
+        .await;
+        if let Err(e) = pruned {
+            bail!("{e:#} on {new_version}:\n{}", new.log_tail(20));
         }
         drop(n);
         drop(new);
