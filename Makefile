@@ -1,5 +1,5 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo demo-sessions test bench bench-citus setup package install portable
+.PHONY: demo demo-sessions test soak bench bench-citus setup package install portable
 
 demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
 	bash scripts/demo.sh $(ARGS)
@@ -9,6 +9,9 @@ demo-sessions:  ## build and install the extension, show two sessions racing for
 
 test:  ## set up everything and pass every test, on every major (PG=17 for one)
 	PG="$(PG)" bash scripts/test.sh
+
+soak:  ## the long soak of docs/operations.md: claims, batches, leases and offsets under disruptions for HOURS (default 6) on PG (default 17)
+	bash scripts/soak.sh $(or $(HOURS),6) $(or $(PG),17)
 
 bench:  ## the pgbench comparison of docs/performance.md (release build, several minutes)
 	PG="$(PG)" bash scripts/bench.sh

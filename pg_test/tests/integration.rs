@@ -48,6 +48,8 @@ mod operations;
 mod retention;
 #[path = "integration/security.rs"]
 mod security;
+#[path = "integration/soak.rs"]
+mod soak;
 #[path = "integration/stats.rs"]
 mod stats;
 #[path = "integration/upgrade.rs"]
@@ -82,6 +84,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     crash::set_result_refuses_a_claim_of_an_earlier_epoch,
     crash::failover_keeps_what_the_standby_replayed,
     fuzz::every_function_survives_adversarial_arguments,
+    soak::steady_load_with_disruptions_keeps_every_effect_once,
     isolation_levels::snapshot_that_misses_a_committed_claim_gets_40001_then_false,
     isolation_levels::waiting_repeatable_read_claim_gets_40001_or_true,
     security::unprivileged_role_claims_but_cannot_touch_the_table,
@@ -190,6 +193,10 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     (
         "fuzz::",
         "it calls the native library's functions with the counters preloaded; the portable edition's are PL/pgSQL",
+    ),
+    (
+        "soak::",
+        "it needs the background worker pruning and the counters in shared memory",
     ),
     ("security::worker_runs_no_code_a_database_owner_wrote", WORKER),
     ("security::worker_skips_a_schema_a_plain_role_controls", WORKER),
@@ -307,6 +314,13 @@ fn main() -> ExitCode {
         cluster.port,
         cluster::edition()
     );
+    // DEDUP_TEST_TIMEOUT: seconds each test may take (scripts/soak.sh raises it).
+    let timeout = Duration::from_secs(
+        std::env::var("DEDUP_TEST_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300),
+    );
     let mut failed = Vec::new();
     let mut not_run = 0;
     for (i, (name, test)) in selected.iter().enumerate() {
@@ -324,10 +338,10 @@ fn main() -> ExitCode {
             };
             let fut = test(ctx);
             runtime.block_on(async {
-                match tokio::time::timeout(Duration::from_secs(300), tokio::spawn(fut)).await {
+                match tokio::time::timeout(timeout, tokio::spawn(fut)).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(join)) => Err(anyhow::anyhow!("panicked: {join}")),
-                    Err(_) => Err(anyhow::anyhow!("timed out after 300 s")),
+                    Err(_) => Err(anyhow::anyhow!("timed out after {} s", timeout.as_secs())),
                 }
             })
         });
