@@ -20,6 +20,6 @@ mkdir -p target/soak
 out="target/soak/$(git rev-parse --short HEAD)-pg$major-${hours}h.txt"
 step "the soak: $hours hours on PostgreSQL $major, the figures in $out"
 DEDUP_SOAK_SECS=$secs DEDUP_SOAK_EVERY=${DEDUP_SOAK_EVERY:-60} \
-    DEDUP_TEST_TIMEOUT=$((secs + 1800)) \
+    DEDUP_TEST_TIMEOUT=${DEDUP_TEST_TIMEOUT:-$((secs + 1800))} \
     cargo test -p dedup-pg-test --test integration -- soak:: 2>&1 | tee "$out"
 exit "${PIPESTATUS[0]}"
