@@ -1060,7 +1060,44 @@ fn check_file(data: &[u8]) -> Result<(usize, usize), String> {
     if (body.len() - HEADER) as u64 != count.saturating_mul(record(values) as u64) {
         return Err(format!("{count} entries do not fill {} bytes", body.len()));
     }
+    // Every entry is checked before any is loaded: a file is loaded whole or not at all.
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..count as usize {
+        let at = HEADER + i * record(values);
+        let key = &body[at..at + std::mem::size_of::<Key>()];
+        check_key(key).map_err(|why| format!("entry {}: {why}", i + 1))?;
+        if !seen.insert(key) {
+            return Err(format!("entry {}: a second entry with the same key", i + 1));
+        }
+    }
     Ok((count as usize, values))
+}
+
+/// Why the bytes of a saved [`Key`] are not ones [`Key::new`] could have written: a length
+/// past its field, a byte after the length that is not zero, or a name that is not UTF-8.
+fn check_key(key: &[u8]) -> Result<(), String> {
+    let oid = std::mem::size_of::<pg_sys::Oid>();
+    let len_at = |at: usize| u16::from_ne_bytes([key[at], key[at + 1]]) as usize;
+    let (scope_len, consumer_len) = (len_at(oid), len_at(oid + 2));
+    let scope = &key[oid + 4..oid + 4 + MAX_SCOPE];
+    let consumer = &key[oid + 4 + MAX_SCOPE..];
+    if scope_len > MAX_SCOPE || consumer_len > MAX_CONSUMER {
+        return Err(format!(
+            "a scope of {scope_len} bytes or a consumer of {consumer_len} (at most {MAX_SCOPE} and {MAX_CONSUMER})"
+        ));
+    }
+    for (name, field, len) in [
+        ("scope", scope, scope_len),
+        ("consumer", consumer, consumer_len),
+    ] {
+        if field[len..].iter().any(|b| *b != 0) {
+            return Err(format!("bytes after the {name}'s end"));
+        }
+        if std::str::from_utf8(&field[..len]).is_err() {
+            return Err(format!("a {name} that is not UTF-8"));
+        }
+    }
+    Ok(())
 }
 
 /// Load the counters saved at the last clean shutdown, then remove the file (it would be
@@ -1111,10 +1148,6 @@ unsafe fn read_file() {
             std::mem::size_of::<Key>(),
         );
         let k = k.assume_init();
-        if k.scope_len as usize > MAX_SCOPE || k.consumer_len as usize > MAX_CONSUMER {
-            log!("dedup: ignoring the rest of {STAT_FILE}: an entry of another layout");
-            return;
-        }
         let mut found = false;
         // SAFETY: `k` is a full Key read during each call; HASH_ENTER_NULL returns NULL
         // instead of raising an ERROR when no entry is free. A new entry is initialised by
