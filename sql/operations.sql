@@ -230,6 +230,10 @@ CREATE TABLE dedup.forgotten (
     removed      pg_catalog.bool NOT NULL,
     claimed_at   pg_catalog.timestamptz
 );
+-- It has no key (a job may be forgotten twice in one transaction): its whole row identifies
+-- it to logical replication, so that the worker's DELETEs and an UPDATE of a published
+-- dedup.forgotten replicate instead of failing (docs/operations.md, A blue/green switch).
+ALTER TABLE dedup.forgotten REPLICA IDENTITY FULL;
 COMMENT ON TABLE dedup.forgotten IS
     'The audit trail of dedup.forget: one row per call (who, when, job, scope, whether a claim was removed, and when that claim had been made). Kept for the scope''s retention.';
 REVOKE ALL ON TABLE dedup.forgotten FROM PUBLIC;

@@ -42,6 +42,8 @@ mod isolation_specs;
 mod leases;
 #[path = "integration/lifecycle.rs"]
 mod lifecycle;
+#[path = "integration/logical.rs"]
+mod logical;
 #[path = "integration/operations.rs"]
 mod operations;
 #[path = "integration/retention.rs"]
@@ -148,6 +150,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     operations::batches_and_advances_are_counted,
     upgrade::upgrade_from_oldest_version_keeps_claims,
     upgrade::pg_upgrade_from_an_older_major_keeps_everything,
+    logical::blue_green_switch_keeps_every_claim,
     versions::one_version_everywhere,
     docs::reference_documents_every_object,
     docs::reference_examples_run_as_shown,
@@ -193,6 +196,10 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     (
         "fuzz::",
         "it calls the native library's functions with the counters preloaded; the portable edition's are PL/pgSQL",
+    ),
+    (
+        "logical::",
+        "both servers prune with the background worker, which the portable edition has not",
     ),
     (
         "soak::",

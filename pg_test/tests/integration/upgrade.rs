@@ -32,8 +32,8 @@ fn blocks(script: &str) -> BTreeSet<String> {
 }
 
 /// Everything about the extension's objects that an upgrade script must get right: each
-/// member object with its definition, columns, indexes, constraints, privileges and
-/// comment; the tables pg_dump dumps; the schema's privileges.
+/// member object with its definition, columns, indexes, constraints, replica identity,
+/// privileges and comment; the tables pg_dump dumps; the schema's privileges.
 const CATALOG_SIGNATURE: &str = r#"
 WITH ext AS (SELECT oid, extconfig FROM pg_extension WHERE extname = 'dedup'),
 members AS (
@@ -45,7 +45,8 @@ SELECT pg_describe_object(m.classid, m.objid, m.objsubid) || ' ' || coalesce(CAS
                || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '-')
           FROM pg_proc p WHERE p.oid = m.objid)
     WHEN 'pg_class'::regclass THEN (
-        SELECT c.relkind::text || ' acl=' || coalesce(c.relacl::text, '-')
+        SELECT c.relkind::text || ' replica identity=' || c.relreplident::text
+               || ' acl=' || coalesce(c.relacl::text, '-')
                || ' comment=' || coalesce(obj_description(c.oid, 'pg_class'), '-')
                || ' columns=' || coalesce((
                     SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -259,7 +260,7 @@ const HOLDINGS: &[&str] = &[
     "SELECT f::text FROM dedup.forgotten AS f ORDER BY 1",
 ];
 
-async fn holdings(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
+pub(crate) async fn holdings(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
     let mut all = Vec::new();
     for q in HOLDINGS {
         for r in c.query(*q, &[]).await.with_context(|| q.to_string())? {
@@ -280,7 +281,7 @@ async fn counted(c: &dedup_pg_test::Conn) -> Result<(i64, i64)> {
     Ok((r.get(0), r.get(1)))
 }
 
-fn bindir_of(pg_config: &str) -> Result<PathBuf> {
+pub(crate) fn bindir_of(pg_config: &str) -> Result<PathBuf> {
     let out = Command::new(pg_config).arg("--bindir").output()?;
     ensure_eq(out.status.success(), true, "pg_config --bindir")?;
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
