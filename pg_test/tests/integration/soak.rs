@@ -352,10 +352,13 @@ fn rss_anon_kb(pid: i32) -> Option<i64> {
 struct Memory {
     /// pid -> (what, first sample, last sample, samples).
     by_pid: HashMap<i32, (String, i64, i64, u32)>,
+    /// The sum over the processes of the latest sample.
+    latest_total: i64,
 }
 
 impl Memory {
     async fn sample(&mut self, c: &Conn) -> Result<()> {
+        let mut total = 0;
         for r in c
             .query(
                 "SELECT pid, CASE WHEN backend_type LIKE 'dedup%' THEN backend_type \
@@ -368,6 +371,7 @@ impl Memory {
         {
             let pid: i32 = r.get(0);
             if let Some(kb) = rss_anon_kb(pid) {
+                total += kb;
                 let e = self
                     .by_pid
                     .entry(pid)
@@ -380,6 +384,7 @@ impl Memory {
                 e.3 += 1;
             }
         }
+        self.latest_total = total;
         Ok(())
     }
 }
@@ -544,12 +549,12 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
     let mut next_progress = Instant::now() + Duration::from_secs(600);
     while started.elapsed() < Duration::from_secs(secs) {
         if Instant::now() >= next_progress {
-            let rss: i64 = memory.by_pid.values().map(|v| v.2).sum();
             println!(
-                "  soak at {} s: {} deliveries, {} advances, disruptions {disruptions:?}, RssAnon of the processes seen so far {rss} kB",
+                "  soak at {} s: {} deliveries, {} advances, disruptions {disruptions:?}, RssAnon of the dedup processes and client backends {} kB",
                 started.elapsed().as_secs(),
                 shared.counts.ops.load(Relaxed),
                 shared.counts.advances.load(Relaxed),
+                memory.latest_total,
             );
             next_progress = Instant::now() + Duration::from_secs(600);
         }
@@ -558,7 +563,7 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
                 let _ = memory.sample(&c).await;
             }
             if rss_total_start.is_none() && started.elapsed() > Duration::from_secs(10) {
-                rss_total_start = Some(memory.by_pid.values().map(|v| v.2).sum());
+                rss_total_start = Some(memory.latest_total);
             }
             next_sample = Instant::now() + Duration::from_secs(5);
         }
@@ -806,7 +811,7 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
         );
     }
     if let Some(start) = rss_total_start {
-        let end: i64 = last.by_pid.values().map(|v| v.2).sum();
+        let end = last.latest_total;
         println!("  RssAnon of every dedup process and client backend: {start} kB at 10 s, {end} kB at the end");
     }
     if !grown.is_empty() {
