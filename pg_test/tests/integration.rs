@@ -153,6 +153,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     logical::blue_green_switch_keeps_every_claim,
     versions::one_version_everywhere,
     docs::reference_documents_every_object,
+    docs::who_may_call_each_function_is_what_the_catalog_grants,
     docs::reference_examples_run_as_shown,
     docs::links_in_the_docs_resolve,
     docs::contributing_names_every_source_file,

@@ -1,7 +1,8 @@
 //! The docs stay true: every public function, view, table and setting in the catalog has
 //! its entry in docs/reference/ and nothing else does, the reference's examples print what
 //! it shows, every link resolves, CONTRIBUTING.md names every source file, the README stays
-//! a landing page and the CHANGELOG dates every released version.
+//! a landing page, the CHANGELOG dates every released version, and who may call each
+//! function is what the catalog grants.
 use crate::common::Ctx;
 use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
@@ -397,6 +398,170 @@ pub async fn changelog_dates_every_released_version(_ctx: Ctx) -> Result<()> {
                 if i == 0 { " or (unreleased)" } else { "" }
             );
         }
+    }
+    Ok(())
+}
+
+/// Who may call a function, as the reference says it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Who {
+    /// `EXECUTE` granted to `PUBLIC`.
+    AnyRole,
+    /// Not to `PUBLIC`, to `pg_monitor`.
+    Monitor,
+    /// Neither: superusers, the owner, or roles granted `EXECUTE` by hand.
+    Privileged,
+}
+
+fn who(text: &str) -> Option<Who> {
+    let t = text.to_lowercase();
+    if t.trim_start().starts_with("any role") {
+        Some(Who::AnyRole)
+    } else if t.contains("superusers and members of `pg_monitor`") || t.trim() == "`pg_monitor`" {
+        Some(Who::Monitor)
+    } else if t.contains("superusers, or") || t.contains("the extension's owner") {
+        Some(Who::Privileged)
+    } else {
+        None
+    }
+}
+
+/// `dedup.name(arg type DEFAULT x, OUT o type)` as `dedup.name(type)`, for to_regprocedure.
+fn regprocedure(signature: &str) -> Option<String> {
+    let open = signature.find('(')?;
+    let args = signature[open + 1..].strip_suffix(')')?;
+    let types: Vec<&str> = args
+        .split(", ")
+        .filter(|a| !a.is_empty() && !a.starts_with("OUT "))
+        .map(|a| a.split(" DEFAULT ").next().unwrap())
+        .map(|a| a.split_once(' ').map_or(a, |(_, t)| t))
+        .collect();
+    Some(format!("{}({})", &signature[..open], types.join(", ")))
+}
+
+/// The reference's "Who" of each function (the index's column, and each entry's "Who may
+/// call it") is what the catalog grants: `EXECUTE` to `PUBLIC` for "any role", to
+/// `pg_monitor` and not `PUBLIC` for `pg_monitor`, to neither for superusers and the owner.
+/// Checked with has_function_privilege for `pg_monitor` and for a new role that holds
+/// nothing but what `PUBLIC` has.
+pub async fn who_may_call_each_function_is_what_the_catalog_grants(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    let nobody = format!("only_public_{}", ctx.db);
+    c.batch_execute(&format!("CREATE ROLE {nobody} NOLOGIN"))
+        .await?;
+    let granted = |oid: u32| {
+        let c = &c;
+        let nobody = nobody.clone();
+        async move {
+            let r = c
+                .query_one(
+                    "SELECT has_function_privilege($1, $2::oid, 'EXECUTE'), \
+                            has_function_privilege('pg_monitor', $2::oid, 'EXECUTE')",
+                    &[&nobody, &oid],
+                )
+                .await?;
+            Ok::<_, anyhow::Error>(match (r.get::<_, bool>(0), r.get::<_, bool>(1)) {
+                (true, _) => Who::AnyRole,
+                (false, true) => Who::Monitor,
+                (false, false) => Who::Privileged,
+            })
+        }
+    };
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    // The index: one row per function, by signature.
+    let readme = read("docs/reference/README.md")?;
+    for line in section(&readme, "functions")?.lines() {
+        let Some(rest) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let Some((signature, rest)) = rest.split_once('`') else {
+            continue;
+        };
+        let column = rest.rsplit('|').nth(1).unwrap_or("").trim();
+        let Some(said) = who(column) else {
+            wrong.push(format!(
+                "{signature}: the Who column {column:?} says none of the three"
+            ));
+            continue;
+        };
+        let proc = regprocedure(signature)
+            .with_context(|| format!("the index's signature {signature}"))?;
+        let oid: Option<u32> = c
+            .query_one("SELECT to_regprocedure($1)::oid", &[&proc])
+            .await?
+            .get(0);
+        let Some(oid) = oid else {
+            wrong.push(format!("{signature}: no function {proc}"));
+            continue;
+        };
+        let is = granted(oid).await?;
+        if is != said {
+            wrong.push(format!(
+                "{proc}: the index says {said:?}, the catalog grants {is:?}"
+            ));
+        }
+        checked += 1;
+    }
+    // Each entry: every overload of its name.
+    let mut entries = 0;
+    for file in ["claims", "external-effects", "monitoring", "retention"] {
+        let text = read(&format!("docs/reference/{file}.md"))?;
+        for part in text.split("\n## dedup.").skip(1) {
+            let name = part.split_whitespace().next().unwrap_or("");
+            let Some(at) = part.find("**Who may call it**") else {
+                wrong.push(format!(
+                    "{file}.md: dedup.{name} has no \"Who may call it\""
+                ));
+                continue;
+            };
+            let para = part[at + "**Who may call it**".len()..]
+                .split("\n\n")
+                .next()
+                .unwrap_or("")
+                .trim_start_matches(':')
+                .replace('\n', " ");
+            let Some(said) = who(&para) else {
+                wrong.push(format!(
+                    "{file}.md: dedup.{name}: {para:?} says none of the three"
+                ));
+                continue;
+            };
+            let oids: Vec<u32> = c
+                .query(
+                    "SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                      WHERE n.nspname = 'dedup' AND p.proname = $1",
+                    &[&name],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            if oids.is_empty() {
+                wrong.push(format!("{file}.md: no function dedup.{name}"));
+            }
+            for oid in oids {
+                let is = granted(oid).await?;
+                if is != said {
+                    wrong.push(format!(
+                        "{file}.md: dedup.{name} (oid {oid}): the entry says {said:?}, the catalog grants {is:?}"
+                    ));
+                }
+            }
+            entries += 1;
+        }
+    }
+    c.batch_execute(&format!("DROP ROLE {nobody}")).await?;
+    if !wrong.is_empty() {
+        bail!(
+            "the reference and the catalog disagree:\n{}",
+            wrong.join("\n")
+        );
+    }
+    if checked < 30 || entries < 20 {
+        bail!(
+            "only {checked} index rows and {entries} entries read: the reference's layout changed"
+        );
     }
     Ok(())
 }
