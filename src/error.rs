@@ -1,4 +1,6 @@
-//! Every error dedup raises: one SQLSTATE, a message naming the argument, and a hint.
+//! The errors dedup raises for an argument or the state of a job: one SQLSTATE, a message
+//! naming the argument, and a hint. (A failure that should not happen, such as a read of
+//! dedup's own tables that failed, is raised where it happens with `pgrx::error!`: XX000.)
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode;

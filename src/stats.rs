@@ -563,8 +563,8 @@ mod unguarded {
 
 /// Half the retention of each scope this backend counted a duplicate in, microseconds:
 /// copies of claims older than that are `late_duplicates`. Read from the scope's row of
-/// dedup.scope_retention at most every 10 seconds per backend and scope, and only when a
-/// duplicate of a claim at least a second old is counted.
+/// dedup.scope_retention when a duplicate or a busy copy is counted, at most every 10
+/// seconds per backend and scope.
 static mut LATE_AFTER: Option<std::collections::HashMap<String, (u64, std::time::Instant)>> = None;
 
 /// # Safety

@@ -1,4 +1,4 @@
-//! The guide's experiment (`deduplicating-work-across-replicas`), end to end: a Redis
+//! The experiment of the guide *Deduplicating work across replicas*, end to end: a Redis
 //! Streams consumer group, consumer processes of concurrent handler tasks, every job
 //! published twice twenty messages apart, survivors reclaiming idle messages with
 //! XAUTOCLAIM, and in the crash runs one consumer killed with SIGKILL. Every execution of
