@@ -69,24 +69,14 @@ fn try_claim_uuid(job_id: Option<pgrx::Uuid>, scope: default!(Option<&str>, "'de
 
 pub(crate) fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC, "scope"));
-    if job_id.is_empty() {
-        error::empty_argument(FUNC, "job_id");
-    }
-    if job_id.len() > error::MAX_JOB_ID_BYTES {
-        error::too_long(FUNC, "job_id", job_id.len(), error::MAX_JOB_ID_BYTES);
-    }
+    error::check_length(FUNC, "job_id", job_id, error::MAX_JOB_ID_BYTES);
     check_scope(FUNC, scope);
     scope
 }
 
 /// A scope is 1 to [`error::MAX_SCOPE_BYTES`] bytes.
 pub(crate) fn check_scope(func: &str, scope: &str) {
-    if scope.is_empty() {
-        error::empty_argument(func, "scope");
-    }
-    if scope.len() > error::MAX_SCOPE_BYTES {
-        error::too_long(func, "scope", scope.len(), error::MAX_SCOPE_BYTES);
-    }
+    error::check_length(func, "scope", scope, error::MAX_SCOPE_BYTES);
 }
 
 pub(crate) fn check_transaction(func: &str) {
@@ -160,17 +150,12 @@ pub(crate) enum Outcome {
 
 /// A fingerprint is 1 to [`error::MAX_FINGERPRINT_BYTES`] bytes.
 pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
-    if fingerprint.is_empty() {
-        error::empty_argument(func, "fingerprint");
-    }
-    if fingerprint.len() > error::MAX_FINGERPRINT_BYTES {
-        error::too_long(
-            func,
-            "fingerprint",
-            fingerprint.len(),
-            error::MAX_FINGERPRINT_BYTES,
-        );
-    }
+    error::check_length(
+        func,
+        "fingerprint",
+        fingerprint,
+        error::MAX_FINGERPRINT_BYTES,
+    );
 }
 
 fn claim(job_id: &str, scope: Option<&str>, fingerprint: Option<&str>) -> Outcome {

@@ -54,6 +54,19 @@ pub fn not_positive(func: &str, arg: &str, value: &str) -> ! {
     )
 }
 
+/// The one check of a text argument's length: 1 to `max` bytes, else 22023 (empty) or
+/// 22001 (longer), with the hint of `arg` (a name such as `scope`, or an element such as
+/// `job_ids[3]`). Its NULL is checked where the argument is unwrapped ([`null_argument`]),
+/// in the order the function documents.
+pub fn check_length(func: &str, arg: &str, value: &str, max: usize) {
+    if value.is_empty() {
+        empty_argument(func, arg);
+    }
+    if value.len() > max {
+        too_long(func, arg, value.len(), max);
+    }
+}
+
 pub fn empty_argument(func: &str, arg: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
