@@ -69,3 +69,79 @@ pub async fn unprivileged(ctx: &Ctx, name: &str, grants: &str) -> Result<(String
     let conn = ctx.connect_as(&role).await?;
     Ok((role, conn))
 }
+
+/// Writers, one connection each to `dsn`, that claim new jobs (`w{writer}-{k}`) and insert
+/// each one's effect into `effects`, one transaction per job, until their connection fails
+/// under them (a server stopped, a session terminated).
+pub struct Writers(Vec<tokio::task::JoinHandle<(Vec<String>, Vec<String>)>>);
+
+impl Writers {
+    pub fn start(dsn: &str, n: usize) -> Writers {
+        Writers(
+            (0..n)
+                .map(|w| {
+                    let dsn = dsn.to_string();
+                    tokio::spawn(async move {
+                        let (mut tried, mut acked) = (Vec::new(), Vec::new());
+                        let Ok(c) = connect(&dsn).await else {
+                            return (tried, acked);
+                        };
+                        for k in 0.. {
+                            let job = format!("w{w}-{k}");
+                            tried.push(job.clone());
+                            let r = async {
+                                c.batch_execute("BEGIN").await?;
+                                let fresh: bool = c
+                                    .query_one("SELECT dedup.try_claim($1)", &[&job])
+                                    .await?
+                                    .get(0);
+                                if fresh {
+                                    c.execute("INSERT INTO effects VALUES ($1)", &[&job])
+                                        .await?;
+                                }
+                                c.batch_execute("COMMIT").await
+                            }
+                            .await;
+                            match r {
+                                Ok(()) => acked.push(job),
+                                Err(_) => break,
+                            }
+                        }
+                        (tried, acked)
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// Once their connections are gone: every job the writers tried, and those whose
+    /// COMMIT returned.
+    pub async fn finish(self) -> Result<(Vec<String>, Vec<String>)> {
+        let (mut tried, mut acked) = (Vec::new(), Vec::new());
+        for w in self.0 {
+            let (t, a) = w.await?;
+            tried.extend(t);
+            acked.extend(a);
+        }
+        Ok((tried, acked))
+    }
+}
+
+/// Deliver every job of `jobs` again on `c`, each claim and its effect in one
+/// transaction; returns how many ran (were claimed) this time.
+pub async fn redeliver(c: &Conn, jobs: &[String]) -> Result<usize> {
+    let mut ran = 0;
+    for job in jobs {
+        c.batch_execute("BEGIN").await?;
+        let fresh: bool = c
+            .query_one("SELECT dedup.try_claim($1)", &[job])
+            .await?
+            .get(0);
+        if fresh {
+            c.execute("INSERT INTO effects VALUES ($1)", &[job]).await?;
+            ran += 1;
+        }
+        c.batch_execute("COMMIT").await?;
+    }
+    Ok(ran)
+}

@@ -1,7 +1,7 @@
 //! Crashes: a backend killed with SIGKILL (the postmaster then restarts every backend and
 //! recovers), and a server stopped with `-m immediate`. Each test runs its own cluster,
 //! because a crash takes down every session on the server.
-use crate::common::{claim, ensure_eq, Ctx};
+use crate::common::{claim, ensure_eq, redeliver, Ctx, Writers};
 use anyhow::{bail, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
 use dedup_pg_test::{connect, connect_when_up};
@@ -282,51 +282,10 @@ pub async fn failover_keeps_what_the_standby_replayed(_ctx: Ctx) -> Result<()> {
         }
         drop(admin);
 
-        // Writers: each remembers the jobs it tried and those whose COMMIT was acknowledged.
-        let dsn = primary.dsn("crash");
-        let mut writers = Vec::new();
-        for w in 0..4 {
-            let dsn = dsn.clone();
-            writers.push(tokio::spawn(async move {
-                let mut tried = Vec::new();
-                let mut acked = Vec::new();
-                let Ok(c) = connect(&dsn).await else {
-                    return (tried, acked);
-                };
-                for k in 0.. {
-                    let job = format!("w{w}-{k}");
-                    tried.push(job.clone());
-                    let r = async {
-                        c.batch_execute("BEGIN").await?;
-                        let fresh: bool = c
-                            .query_one("SELECT dedup.try_claim($1)", &[&job])
-                            .await?
-                            .get(0);
-                        if fresh {
-                            c.execute("INSERT INTO effects VALUES ($1)", &[&job])
-                                .await?;
-                        }
-                        c.batch_execute("COMMIT").await?;
-                        Ok::<_, tokio_postgres::Error>(())
-                    }
-                    .await;
-                    match r {
-                        Ok(()) => acked.push(job),
-                        Err(_) => break, // the primary is gone
-                    }
-                }
-                (tried, acked)
-            }));
-        }
+        let writers = Writers::start(&primary.dsn("crash"), 4);
         tokio::time::sleep(Duration::from_secs(3)).await;
         tokio::task::block_in_place(|| primary.stop("immediate"))?;
-        let mut tried = Vec::new();
-        let mut acked = Vec::new();
-        for w in writers {
-            let (t, a) = w.await?;
-            tried.extend(t);
-            acked.extend(a);
-        }
+        let (tried, acked) = writers.finish().await?;
         ensure_eq(
             acked.len() > 100,
             true,
@@ -369,15 +328,7 @@ pub async fn failover_keeps_what_the_standby_replayed(_ctx: Ctx) -> Result<()> {
         }
         // Every job redelivered to the promoted server: each runs at most once more, and
         // afterwards each has exactly one effect.
-        let mut ran_again = 0;
-        for job in &tried {
-            s.batch_execute("BEGIN").await?;
-            if claim(&s, &format!("SELECT dedup.try_claim('{job}')")).await? {
-                s.execute("INSERT INTO effects VALUES ($1)", &[job]).await?;
-                ran_again += 1;
-            }
-            s.batch_execute("COMMIT").await?;
-        }
+        let ran_again = redeliver(&s, &tried).await?;
         let (rows, distinct): (i64, i64) = {
             let r = s
                 .query_one("SELECT count(*), count(DISTINCT job_id) FROM effects", &[])

@@ -558,6 +558,7 @@ pub async fn who_may_call_each_function_is_what_the_catalog_grants(ctx: Ctx) -> 
             wrong.join("\n")
         );
     }
+    println!("  {checked} rows of the index and {entries} entries checked against the catalog");
     if checked < 30 || entries < 20 {
         bail!(
             "only {checked} index rows and {entries} entries read: the reference's layout changed"

@@ -1,12 +1,12 @@
 //! A blue/green switch through logical replication, the way managed services move a
 //! database to a new major and teams move databases between servers: the steps of
 //! docs/operations.md ("A blue/green switch"), run as written.
-use crate::common::{claim, ensure_eq, Ctx};
-use crate::upgrade::{bindir_of, holdings};
+use crate::common::{ensure_eq, redeliver, Ctx, Writers};
+use crate::upgrade::{answers_as_before, bindir_of, holdings, HELD};
 use crate::worker::{count, eventually};
 use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
-use dedup_pg_test::{connect, sqlstate};
+use dedup_pg_test::connect;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -60,17 +60,9 @@ pub async fn blue_green_switch_keeps_every_claim(_ctx: Ctx) -> Result<()> {
         )?;
     }
     let b = connect(&blue.dsn("app")).await?;
+    b.batch_execute(HELD).await?;
     b.batch_execute(
-        "SELECT dedup.set_retention('short', interval '1 hour');
-         BEGIN; SELECT dedup.try_claim('job-' || g) FROM generate_series(1, 500) g; COMMIT;
-         BEGIN; SELECT dedup.try_claim(g::bigint, 'ints') FROM generate_series(1, 100) g; COMMIT;
-         BEGIN; SELECT dedup.try_claim('fp-1', 'default', 'fingerprint-a'); COMMIT;
-         BEGIN; SELECT dedup.try_claim('res-1'); SELECT dedup.set_result('res-1', '{\"total\": 42}'); COMMIT;
-         SELECT dedup.lease('lease-1', 'default', interval '1 hour');
-         BEGIN; SELECT dedup.advance('orders', 0, 1, 250); COMMIT;
-         BEGIN; SELECT dedup.try_claim('gone'); COMMIT;
-         SELECT dedup.forget('gone');
-         BEGIN; SELECT dedup.try_claim('gone-short', 'short'); COMMIT;
+        "BEGIN; SELECT dedup.try_claim('gone-short', 'short'); COMMIT;
          SELECT dedup.forget('gone-short', 'short');",
     )
     .await?;
@@ -110,41 +102,8 @@ pub async fn blue_green_switch_keeps_every_claim(_ctx: Ctx) -> Result<()> {
     .await
     .context("backdating rows of published tables on blue")?;
 
-    // Writers on blue: each remembers the jobs it tried and those whose COMMIT returned.
-    let dsn = blue.dsn("app");
-    let mut writers = Vec::new();
-    for w in 0..4 {
-        let dsn = format!("{dsn} application_name=writer");
-        writers.push(tokio::spawn(async move {
-            let (mut tried, mut acked) = (Vec::new(), Vec::new());
-            let Ok(c) = connect(&dsn).await else {
-                return (tried, acked);
-            };
-            for k in 0.. {
-                let job = format!("w{w}-{k}");
-                tried.push(job.clone());
-                let r = async {
-                    c.batch_execute("BEGIN").await?;
-                    let fresh: bool = c
-                        .query_one("SELECT dedup.try_claim($1)", &[&job])
-                        .await?
-                        .get(0);
-                    if fresh {
-                        c.execute("INSERT INTO effects VALUES ($1)", &[&job])
-                            .await?;
-                    }
-                    c.batch_execute("COMMIT").await?;
-                    Ok::<_, tokio_postgres::Error>(())
-                }
-                .await;
-                match r {
-                    Ok(()) => acked.push(job),
-                    Err(_) => break, // terminated at the switch
-                }
-            }
-            (tried, acked)
-        }));
-    }
+    // Writers on blue, until the switch ends their sessions.
+    let writers = Writers::start(&format!("{} application_name=writer", blue.dsn("app")), 4);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // The switch. 1: blue takes no new sessions, and those it has are ended.
@@ -157,12 +116,7 @@ pub async fn blue_green_switch_keeps_every_claim(_ctx: Ctx) -> Result<()> {
                 AND application_name = 'writer';",
         )
         .await?;
-    let (mut tried, mut acked) = (Vec::new(), Vec::new());
-    for w in writers {
-        let (t, a) = w.await?;
-        tried.extend(t);
-        acked.extend(a);
-    }
+    let (tried, acked) = writers.finish().await?;
     ensure_eq(acked.len() > 100, true, "commits acknowledged on blue")?;
     // 2: green has replayed everything blue wrote.
     let lsn: String = admin
@@ -280,15 +234,7 @@ pub async fn blue_green_switch_keeps_every_claim(_ctx: Ctx) -> Result<()> {
     );
 
     // Green refuses what blue did: every copy redelivered to green.
-    let mut ran_again = 0;
-    for job in &tried {
-        g.batch_execute("BEGIN").await?;
-        if claim(&g, &format!("SELECT dedup.try_claim('{job}')")).await? {
-            g.execute("INSERT INTO effects VALUES ($1)", &[job]).await?;
-            ran_again += 1;
-        }
-        g.batch_execute("COMMIT").await?;
-    }
+    let ran_again = redeliver(&g, &tried).await?;
     ensure_eq(
         ran_again,
         tried.len() - claimed.len(),
@@ -305,44 +251,7 @@ pub async fn blue_green_switch_keeps_every_claim(_ctx: Ctx) -> Result<()> {
         (tried.len() as i64, tried.len() as i64),
         "effects on green: one per job tried",
     )?;
-    g.batch_execute("BEGIN").await?;
-    ensure_eq(
-        claim(&g, "SELECT dedup.try_claim('job-7')").await?,
-        false,
-        "a copy of job-7",
-    )?;
-    ensure_eq(
-        claim(&g, "SELECT dedup.try_claim(7::bigint, 'ints')").await?,
-        false,
-        "a copy of 7",
-    )?;
-    g.batch_execute("COMMIT").await?;
-    let mismatch = g
-        .query_one(
-            "SELECT dedup.try_claim('fp-1', 'default', 'fingerprint-b')",
-            &[],
-        )
-        .await;
-    ensure_eq(
-        mismatch.err().as_ref().and_then(sqlstate),
-        Some("YD001"),
-        "another fingerprint for fp-1",
-    )?;
-    let result: String = g
-        .query_one("SELECT result::text FROM dedup.claim_result('res-1')", &[])
-        .await?
-        .get(0);
-    ensure_eq(result.as_str(), r#"{"total": 42}"#, "the stored result")?;
-    let status: String = g
-        .query_one("SELECT status FROM dedup.lease('lease-1')", &[])
-        .await?
-        .get(0);
-    ensure_eq(status.as_str(), "busy", "the lease running on blue")?;
-    let advanced: bool = g
-        .query_one("SELECT dedup.advance('orders', 0, 200)", &[])
-        .await?
-        .get(0);
-    ensure_eq(advanced, false, "a position blue had done")?;
+    answers_as_before(&g).await?;
     let retention: String = g
         .query_one("SELECT dedup.retention('short')::text", &[])
         .await?
