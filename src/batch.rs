@@ -139,9 +139,7 @@ fn checked_keys<T>(
             error::null_argument(FUNC, &arg());
         };
         let k = key(&id);
-        if k.is_empty() || k.len() > error::MAX_JOB_ID_BYTES {
-            error::check_length(FUNC, &arg(), &k, error::MAX_JOB_ID_BYTES);
-        }
+        error::check_length(FUNC, arg, &k, error::MAX_JOB_ID_BYTES);
         keys.push((i, k));
         values.push(id);
     }
@@ -217,10 +215,8 @@ pub(crate) fn try_claim_many_fingerprint(
         .enumerate()
         .map(|(i, fp)| {
             fp.map(|fp| {
-                if fp.is_empty() || fp.len() > error::MAX_FINGERPRINT_BYTES {
-                    let arg = format!("fingerprints[{}]", i + 1);
-                    error::check_length(FUNC, &arg, fp, error::MAX_FINGERPRINT_BYTES);
-                }
+                let arg = || format!("fingerprints[{}]", i + 1);
+                error::check_length(FUNC, arg, fp, error::MAX_FINGERPRINT_BYTES);
                 fp.to_string()
             })
         })
@@ -252,7 +248,7 @@ pub(crate) fn check_offset(
     let stream = stream.unwrap_or_else(|| error::null_argument(func, "stream"));
     let partition = partition.unwrap_or_else(|| error::null_argument(func, "partition"));
     let position = position.unwrap_or_else(|| error::null_argument(func, "position"));
-    error::check_length(func, "stream", stream, error::MAX_SCOPE_BYTES);
+    error::check_length(func, || "stream", stream, error::MAX_SCOPE_BYTES);
     if partition < 0 {
         error::negative(func, "partition", i64::from(partition));
     }

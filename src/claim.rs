@@ -69,14 +69,14 @@ fn try_claim_uuid(job_id: Option<pgrx::Uuid>, scope: default!(Option<&str>, "'de
 
 pub(crate) fn check_key<'a>(scope: Option<&'a str>, job_id: &str) -> &'a str {
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC, "scope"));
-    error::check_length(FUNC, "job_id", job_id, error::MAX_JOB_ID_BYTES);
+    error::check_length(FUNC, || "job_id", job_id, error::MAX_JOB_ID_BYTES);
     check_scope(FUNC, scope);
     scope
 }
 
 /// A scope is 1 to [`error::MAX_SCOPE_BYTES`] bytes.
 pub(crate) fn check_scope(func: &str, scope: &str) {
-    error::check_length(func, "scope", scope, error::MAX_SCOPE_BYTES);
+    error::check_length(func, || "scope", scope, error::MAX_SCOPE_BYTES);
 }
 
 pub(crate) fn check_transaction(func: &str) {
@@ -152,7 +152,7 @@ pub(crate) enum Outcome {
 pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
     error::check_length(
         func,
-        "fingerprint",
+        || "fingerprint",
         fingerprint,
         error::MAX_FINGERPRINT_BYTES,
     );

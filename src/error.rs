@@ -56,14 +56,14 @@ pub fn not_positive(func: &str, arg: &str, value: &str) -> ! {
 
 /// The one check of a text argument's length: 1 to `max` bytes, else 22023 (empty) or
 /// 22001 (longer), with the hint of `arg` (a name such as `scope`, or an element such as
-/// `job_ids[3]`). Its NULL is checked where the argument is unwrapped ([`null_argument`]),
-/// in the order the function documents.
-pub fn check_length(func: &str, arg: &str, value: &str, max: usize) {
+/// `job_ids[3]`, made only when the check fails). Its NULL is checked where the argument is
+/// unwrapped ([`null_argument`]), in the order the function documents.
+pub fn check_length<A: AsRef<str>>(func: &str, arg: impl FnOnce() -> A, value: &str, max: usize) {
     if value.is_empty() {
-        empty_argument(func, arg);
+        empty_argument(func, arg().as_ref());
     }
     if value.len() > max {
-        too_long(func, arg, value.len(), max);
+        too_long(func, arg().as_ref(), value.len(), max);
     }
 }
 

@@ -20,7 +20,7 @@ fn check_claim(
 ) {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._check_claim", "func"));
     let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
-    error::check_length(func, "job_id", job_id, error::MAX_JOB_ID_BYTES);
+    error::check_length(func, || "job_id", job_id, error::MAX_JOB_ID_BYTES);
     let scope = scope.unwrap_or_else(|| error::null_argument(func, "scope"));
     claim::check_scope(func, scope);
     if let Some(fp) = fingerprint {
