@@ -145,3 +145,13 @@ pub async fn redeliver(c: &Conn, jobs: &[String]) -> Result<usize> {
     }
     Ok(ran)
 }
+
+/// `kill -9` of a server process (a backend, the launcher) whose id the server reported:
+/// the postmaster then restarts every process, as after any crash.
+pub fn kill9(pid: i32) -> Result<()> {
+    // SAFETY: kill(2) takes any process id and only sends the signal.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,7 +1,7 @@
 //! Crashes: a backend killed with SIGKILL (the postmaster then restarts every backend and
 //! recovers), and a server stopped with `-m immediate`. Each test runs its own cluster,
 //! because a crash takes down every session on the server.
-use crate::common::{claim, ensure_eq, redeliver, Ctx, Writers};
+use crate::common::{claim, ensure_eq, kill9, redeliver, Ctx, Writers};
 use anyhow::{bail, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
 use dedup_pg_test::{connect, connect_when_up};
@@ -39,14 +39,7 @@ pub async fn killed_backend_loses_its_claim_and_server_keeps_committed_ones(
     a.batch_execute("INSERT INTO effects VALUES ('k9 by A')")
         .await?;
 
-    // SAFETY: kill(2) on a process id we just read from the server.
-    if unsafe { libc::kill(a.pid, libc::SIGKILL) } != 0 {
-        bail!(
-            "kill -9 {} failed: {}",
-            a.pid,
-            std::io::Error::last_os_error()
-        );
-    }
+    kill9(a.pid)?;
     // The postmaster notices, terminates every backend and runs crash recovery.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let b = connect_when_up(&dsn).await?;

@@ -21,7 +21,7 @@
 //! `make test` runs a short form (`DEDUP_SOAK_SECS`, 55 s by default, a disruption every
 //! `DEDUP_SOAK_EVERY` = 5 s, a retention of `DEDUP_SOAK_RETENTION` = 20 s). `scripts/soak.sh HOURS` runs the long form and prints the
 //! same figures.
-use crate::common::{ensure_eq, Ctx};
+use crate::common::{ensure_eq, kill9, Ctx};
 use anyhow::{bail, Context, Result};
 use dedup_pg_test::cluster::{Cluster, Options};
 use dedup_pg_test::{connect, Conn};
@@ -398,20 +398,27 @@ enum Disruption {
     ImmediateRestart,
 }
 
-const ROTATION: [Disruption; 5] = [
+/// One turn of disruptions, repeated.
+const ROTATION: [Disruption; 6] = [
     Disruption::Reload,
     Disruption::TerminateLauncher,
     Disruption::KillBackend,
     Disruption::Reload,
     Disruption::KillLauncher,
+    Disruption::ImmediateRestart,
 ];
 
-fn kill9(pid: i32) -> Result<()> {
-    // SAFETY: kill(2) on a process id the server just reported.
-    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-        bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
+impl Disruption {
+    /// Its name in the figures.
+    fn name(self) -> &'static str {
+        match self {
+            Disruption::Reload => "reloads",
+            Disruption::TerminateLauncher => "launcher terminated",
+            Disruption::KillBackend => "backend killed (kill -9)",
+            Disruption::KillLauncher => "launcher killed (kill -9)",
+            Disruption::ImmediateRestart => "restarts -m immediate",
+        }
     }
-    Ok(())
 }
 
 async fn disrupt(
@@ -568,19 +575,8 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
             next_sample = Instant::now() + Duration::from_secs(5);
         }
         if Instant::now() >= next_disruption {
-            // The sixth disruption of each turn of six is an immediate restart.
-            let what = if slot % 6 == 5 {
-                Disruption::ImmediateRestart
-            } else {
-                ROTATION[slot % 6 % ROTATION.len()]
-            };
-            let name = match what {
-                Disruption::Reload => "reloads",
-                Disruption::TerminateLauncher => "launcher terminated",
-                Disruption::KillBackend => "backend killed (kill -9)",
-                Disruption::KillLauncher => "launcher killed (kill -9)",
-                Disruption::ImmediateRestart => "restarts -m immediate",
-            };
+            let what = ROTATION[slot % ROTATION.len()];
+            let name = what.name();
             disrupt(what, &mut cluster, &dsn, &mut rng)
                 .await
                 .with_context(|| format!("disruption: {name}"))?;

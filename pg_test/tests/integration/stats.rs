@@ -243,10 +243,7 @@ pub async fn counters_survive_a_clean_restart(_ctx: Ctx) -> Result<()> {
     )?;
     // A crash (a backend killed: the postmaster reinitializes shared memory) loses the
     // counters; they start again from zero.
-    // SAFETY: kill(2) on a backend's process id.
-    if unsafe { libc::kill(a.pid, libc::SIGKILL) } != 0 {
-        bail!("kill -9: {}", std::io::Error::last_os_error());
-    }
+    crate::common::kill9(a.pid)?;
     drop(a);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let a = connect_when_up(&cluster.dsn("app")).await?;

@@ -209,10 +209,7 @@ pub async fn worker_is_restarted_after_kill_9(_ctx: Ctx) -> Result<()> {
     })
     .await?;
     let old = launcher_pid(&admin).await?.unwrap_or_default();
-    // SAFETY: kill(2) on the launcher's process id.
-    if unsafe { libc::kill(old, libc::SIGKILL) } != 0 {
-        bail!("kill -9 {old}: {}", std::io::Error::last_os_error());
-    }
+    crate::common::kill9(old)?;
     // The postmaster restarts every process after a crash, the launcher with them.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let admin = connect_when_up(&cluster.dsn("postgres")).await?;
