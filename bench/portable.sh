@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pgbench comparison (docs/performance.md) for the portable edition (issue 17): the hand-written
+# The pgbench comparison (docs/performance.md) for the portable edition: the hand-written
 # claim against dedup.try_claim(bigint), native and portable, on ONE throwaway server of a
 # PostgreSQL tree where the native dedup (a release build) is installed:
 #   database nat:   CREATE EXTENSION dedup (dedup.so)

@@ -1370,8 +1370,8 @@ BEGIN
     -- scope, job_id, fingerprint, processed_at) and UPDATE (result) on dedup.processed, none
     -- with GRANT OPTION. The rest (TRIGGER, TRUNCATE, REFERENCES, DELETE, CREATE on the schema:
     -- on objects a superuser now owns, a trigger of the grantee's would run inside dedup's
-    -- SECURITY DEFINER functions) is listed for the administrator to decide (issue 24,
-    -- finding 2).
+    -- SECURITY DEFINER functions) is listed for the administrator to decide
+    -- (switch_keeps_every_row in pg_test/tests/portable.rs).
     EXECUTE 'INSERT INTO pg_temp._dedup_acl ' || acl_query USING 'after';
     FOR r IN SELECT a.obj, a.col, a.grantee, a.privilege, a.grantable, false AS to_grant
                FROM pg_temp._dedup_acl AS a

@@ -1,6 +1,6 @@
-//! Batch consumers and partitioned logs (issue 14): `dedup.try_claim_many` claims a batch
-//! of jobs in one call; `dedup.advance` and `dedup.position` keep one position per
-//! partition of an ordered log (sql/offsets.sql).
+//! Batch consumers and partitioned logs: `dedup.try_claim_many` claims a batch of jobs in
+//! one call; `dedup.advance` and `dedup.position` keep one position per partition of an
+//! ordered log (sql/offsets.sql).
 //!
 //! A batch is claimed key by key through the claim path of `try_claim` (claim.rs), in one
 //! canonical order (the keys' bytes, the order of the primary key), so two transactions

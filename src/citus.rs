@@ -1,4 +1,4 @@
-//! Citus: `dedup.processed` distributed over the nodes of a cluster (0.6.0, issue 13).
+//! Citus: `dedup.processed` distributed over the nodes of a cluster (0.6.0).
 //!
 //! On plain PostgreSQL a claim is written by the executor's insertion routines, without a
 //! statement (claim.rs). On Citus that row would land in the node's empty local shell of
@@ -74,8 +74,9 @@ pub(crate) enum Route {
     /// Through Citus, to the job's shard: `dedup.processed` is distributed by job_id.
     Citus = 1,
     /// Nowhere: a Citus worker whose claim table is not distributed (not yet, or no more).
-    /// A claim there would stay on this worker, unseen by the other nodes (issue 13's two
-    /// effects for one job), so claims are refused; pruning the local table is fine.
+    /// A claim there would stay on this worker, unseen by the other nodes, which could claim
+    /// the job again (two effects for one job), so claims are refused; pruning the local
+    /// table is fine (citus::distribute_refuses_claims_it_cannot_move_and_keeps_the_others).
     WorkerLocal = 2,
 }
 

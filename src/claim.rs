@@ -619,7 +619,7 @@ pub(crate) unsafe fn open_processed() -> pg_sys::Relation {
 /// The table `dedup.processed`, found by name and then checked to be the extension's own:
 /// a member of the extension dedup. A look-alike in a look-alike schema (the real one
 /// renamed by a role that owned it before 0.6.0 refused such a schema) is refused, never
-/// written to (issue 24, finding 1).
+/// written to (security::a_look_alike_claim_table_is_refused).
 ///
 /// # Safety
 ///

@@ -219,7 +219,8 @@ pub fn table_missing() -> ! {
     )
 }
 
-/// A table named dedup.processed that is not the extension's (issue 24, finding 1).
+/// A table named dedup.processed that is not the extension's: no claim is written into it
+/// (security::a_look_alike_claim_table_is_refused).
 pub fn not_the_extensions_table() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -271,7 +272,7 @@ pub fn warn_short_retention(what: &str, seconds: i64, shortest: i32, shortest_is
 
 /// A retention positive with 30-day months but not in every month ('1 month -29 days' is
 /// -1 day after a February of 28 days): its cutoff would be in the future then, and every
-/// claim of the scope expired (issue 24, finding 12).
+/// claim of the scope expired (retention::a_retention_positive_only_in_some_months_is_refused).
 pub fn retention_not_positive_every_month(func: &str, retention: &str, shortest: f64) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -284,8 +285,9 @@ pub fn retention_not_positive_every_month(func: &str, retention: &str, shortest:
     )
 }
 
-/// A retention whose horizon is too many transactions back for a 32-bit xid (issue 24,
-/// finding 5): its claims are kept, not pruned, until it is shorter.
+/// A retention whose horizon is too many transactions back to compare with a claim's 32-bit
+/// xmin: its claims are kept, not pruned, until it is shorter (a claim is pruned only once
+/// the horizon shows it was visible a whole retention ago).
 pub fn warn_horizon_too_old(what: &str) {
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,

@@ -208,10 +208,11 @@ pub fn prune_role() -> Option<String> {
 /// (postgresql.conf, ALTER SYSTEM, the command line) and a database (ALTER DATABASE ...
 /// SET). A role's setting (ALTER ROLE ... SET), a client's startup option and a session's
 /// SET or set_config() are refused: the worker, connected as another role, would prune by
-/// another retention than the one that session reports (issue 11, finding 4). ALTER ROLE
-/// cannot be told from ALTER DATABASE when the value is checked (PGC_S_TEST), so a role's
-/// setting is refused when a session of that role applies it: a WARNING, and the server
-/// or database value stays.
+/// another retention than the one that session reports
+/// (retention::retention_is_the_same_in_every_session). ALTER ROLE cannot be told from
+/// ALTER DATABASE when the value is checked (PGC_S_TEST), so a role's setting is refused
+/// when a session of that role applies it: a WARNING, and the server or database value
+/// stays.
 ///
 /// Also warns when a retention under a minute is set (ALTER DATABASE ... SET, ALTER
 /// SYSTEM) or read from the configuration file by the postmaster; not again in every

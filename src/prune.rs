@@ -94,7 +94,8 @@ pub enum Transactions<'a> {
 }
 
 /// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch, and the
-/// horizons a claim's xmin must be below (issue 24, finding 5: `dedup._horizon`).
+/// horizons a claim's xmin must be below (`dedup._horizon`), so that a claim is kept its
+/// retention from its commit (retention::a_claim_is_kept_its_retention_from_commit).
 struct Cutoffs {
     /// The batch transaction's start (`now()`).
     now: i64,
@@ -133,9 +134,10 @@ impl Cutoffs {
         } else {
             "NULL::pg_catalog.text"
         };
-        // In UTC: a day is 24 hours whatever the session's TimeZone (issue 24, finding 4: a
-        // zone with a daylight-saving jump of 23 hours made '1 day' last one). The row with
-        // scope NULL is dedup.retention's.
+        // In UTC: a day is 24 hours whatever the session's TimeZone (in a zone with a
+        // daylight-saving jump of 23 hours, '1 day' would last one hour, and the claims of a
+        // one-day scope be pruned after an hour). The row with scope NULL is
+        // dedup.retention's.
         let query = format!(
             "SELECT c.scope, c.cutoff, {horizon} \
                FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
@@ -297,8 +299,9 @@ unsafe fn expired_in_range(
     }
     let end = start + count.min(blocks - start);
     // A batch after a full one goes on after its last TID, in that TID's block: the rows
-    // before it were collected already (and may be locked, so not deleted: issue 24,
-    // finding 3), and every batch moves forward, so a pass ends.
+    // before it were collected already (and may be locked, so not deleted:
+    // retention::claims_locked_by_another_role_do_not_stop_a_prune), and every batch moves
+    // forward, so a pass ends.
     let after = after.map(pgrx::itemptr::item_pointer_get_both);
     let from = after.map_or(start, |(block, _)| block);
     if from >= end {
@@ -364,7 +367,7 @@ unsafe fn expired_in_range(
 ///
 /// A row another transaction has locked (a lease being taken over, extended or completed
 /// in a transaction still open) is skipped, not waited for: the next pass gets it, and no
-/// open transaction anywhere holds up a pass (issue 11, finding 2).
+/// open transaction anywhere holds up a pass (worker::no_role_can_stop_pruning).
 fn delete_expired(
     target: &Target,
     tids: Vec<pg_sys::ItemPointerData>,
@@ -384,9 +387,11 @@ fn delete_expired(
     // again just before it and passed in (a Citus shard placement cannot join
     // dedup.scope_retention, a reference table). A claim is deleted only if it is older
     // than its cutoff and, when its retention has a horizon, its row's xmin is older than
-    // the horizon: it was visible a whole retention ago (issue 24, finding 5). The ages of
-    // both are taken from the same transaction ID, so the comparison is exact for rows less
-    // than two billion transactions old; an older row's age comes out negative (its 32-bit
+    // the horizon: it was visible a whole retention ago, so a claim whose transaction lasted
+    // longer than its retention is still kept that long from its commit
+    // (retention::a_claim_is_kept_its_retention_from_commit). The ages of both are taken
+    // from the same transaction ID, so the comparison is exact for rows less than two
+    // billion transactions old; an older row's age comes out negative (its 32-bit
     // xmin looks ahead of the counter), and it is older than any horizon.
     let cutoffs = Cutoffs::load(horizons);
     let query = format!(
@@ -447,7 +452,8 @@ fn delete_expired(
 /// `enable_tidscan` on for its duration, as a function's `SET` clause would set them (a GUC
 /// nest level, undone after `f`, and by the abort of the (sub)transaction on an error).
 /// The DELETE finds its rows by TID; on a small table, or with many TIDs, the planner
-/// could otherwise read the whole table for every batch (issue 24, finding 6).
+/// could otherwise read the whole table for every batch
+/// (worker::a_database_owners_settings_do_not_change_a_pass counts the rows a pass reads).
 fn with_tid_plans<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: NewGUCNestLevel only increments a counter; set_config_option with
     // GUC_ACTION_SAVE saves the old values at that level (the names and values are
@@ -954,7 +960,9 @@ fn prune_forgotten(scope: Option<&str>) -> i64 {
 }
 
 /// The parts of an interval `$1` (months, days, the rest in seconds) and its length in
-/// seconds (months of 30 days, years of 365.25), as a FROM item `l` (issue 24, finding 12).
+/// seconds (months of 30 days, years of 365.25), as a FROM item `l`: set_retention refuses a
+/// retention that is not positive in every month with it
+/// (retention::a_retention_positive_only_in_some_months_is_refused).
 const LENGTHS: &str = "(SELECT p.epoch, p.months, p.days, \
         pg_catalog.date_part('epoch', $1::pg_catalog.interval OPERATOR(pg_catalog.-) \
             pg_catalog.make_interval(months => p.months::pg_catalog.int4, \

@@ -531,7 +531,7 @@ mod tests {
             "scope must not be NULL",
         ),
         ("SET LOCAL dedup.retention = 0", "22023", "dedup.retention"),
-        // A session's retention is refused: the worker would not keep it (issue 11).
+        // A session's retention is refused: the worker would not keep it.
         (
             "SET LOCAL dedup.retention = '30d'",
             "22023",

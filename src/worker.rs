@@ -220,9 +220,10 @@ const RETRY_LONGEST: Duration = Duration::from_secs(10);
 
 /// What the launcher keeps across its cycles about starting workers. Parallel queries and
 /// other extensions' workers take background worker slots too; when none was free the
-/// launcher gave up the whole cycle, every database after that one included, warned, and
-/// tried again two intervals later, its back-off starting over with every cycle (issue 24,
-/// finding 8; worker::full_worker_slots_hold_up_pruning_only_while_full).
+/// launcher used to give up the whole cycle, every database after that one included, warn,
+/// and try again two intervals later, its back-off starting over with every cycle. What is
+/// kept here lets the next try go on instead
+/// (worker::full_worker_slots_hold_up_pruning_only_while_full).
 struct Starts {
     /// Since when and how many tries no slot has been free; None while workers start.
     failing: Option<(Instant, u64)>,
@@ -351,8 +352,9 @@ impl Starts {
     }
 }
 
-/// A database's share of the worker per visit: one interval, between 1 s and a minute
-/// (issue 24, finding 6).
+/// A database's share of the worker per visit: one interval, between 1 s and a minute, so
+/// that one large or slow database does not hold up the others
+/// (worker::a_slow_database_does_not_hold_up_the_others).
 fn share(interval: Duration) -> Duration {
     interval.clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
@@ -392,14 +394,15 @@ fn start_worker(oid: pg_sys::Oid, name: &str) -> Option<DynamicBackgroundWorker>
 /// Pin the settings the worker's SQL depends on, above anything a database or role setting
 /// (`ALTER DATABASE/ROLE ... SET`, applied while connecting) gave this session: the worker
 /// runs as a superuser in databases that anyone with CREATEDB may own, so no name it uses
-/// may resolve to an object such an owner created (issue 11, finding 1). PGC_S_OVERRIDE
-/// outranks every source but an explicit override; nothing here sets one.
+/// may resolve to an object such an owner created, whose code would then run as a superuser
+/// (security::worker_runs_no_code_a_database_owner_wrote). PGC_S_OVERRIDE outranks every
+/// source but an explicit override; nothing here sets one.
 ///
 /// First every setting a database or role setting gave (but dedup's own, which an
 /// administrator sets per database) goes back to its built-in value: a database owner's
 /// `TimeZone` changed what '1 day' means, and `enable_tidscan = off` made every batch's
-/// DELETE a sequential scan (issue 24, findings 4 and 6); planner switches, memory and
-/// formatting settings alike, `transaction_timeout` too (`transaction_isolation`,
+/// DELETE a sequential scan (worker::a_database_owners_settings_do_not_change_a_pass);
+/// planner switches, memory and formatting settings alike, `transaction_timeout` too (`transaction_isolation`,
 /// `transaction_read_only` and `transaction_deferrable` excepted: every transaction starts
 /// from the `default_transaction_*` pinned here). The ones the worker's SQL relies on are pinned
 /// first, so that the statement reading the others runs under them.
@@ -517,11 +520,11 @@ fn set_over_everything(name: &str, value: &str) {
 /// ALTER DATABASE ... RENAME and ... SET TABLESPACE hold an AccessExclusiveLock on the
 /// database object, CREATE DATABASE ... TEMPLATE a ShareLock, while they wait (5 s at most)
 /// for its other sessions to leave; a new session's RowExclusiveLock on it conflicts with
-/// both. The worker tries that lock between batches, without waiting (issue 11, finding
-/// 10). Each of those commands takes the lock before it checks that its role owns the
-/// database, so any role's DROP DATABASE, failing with 42501, holds it for a moment; in a
-/// loop, that made the worker leave every pass there early (issue 24, finding 7). So when
-/// the lock is taken the worker leaves only if a session holding it could go on
+/// both. The worker tries that lock between batches, without waiting, so that it can leave
+/// before such a command gives up waiting for it (worker::drop_database_during_a_pass).
+/// Each of those commands takes the lock before it checks that its role owns the database,
+/// so any role's DROP DATABASE, failing with 42501, holds it for a moment; in a loop, that
+/// made the worker leave every pass there early. So when the lock is taken the worker leaves only if a session holding it could go on
 /// ([`a_holder_may_go_on`]); a role that may not has its command fail whatever the worker
 /// does (worker::a_failing_drop_database_does_not_stop_pruning).
 fn database_is_being_dropped() -> bool {
@@ -680,8 +683,9 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         }
         // The version, and whether the extension's schema is one only superusers can change:
         // named dedup (so every dedup.x below is in it), owned by a superuser, and granting
-        // CREATE to no other role (issue 24, finding 1). Otherwise its owner could rename it
-        // and put a look-alike, whose code this superuser session would run, in its place.
+        // CREATE to no other role (security::worker_skips_a_schema_a_plain_role_controls).
+        // Otherwise its owner could rename it and put a look-alike, whose code this
+        // superuser session would run, in its place.
         let (version, safe) = Spi::get_two::<String, bool>(
             "SELECT e.extversion, \
                     n.nspname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name AND o.rolsuper \
@@ -762,8 +766,9 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
 
     // This database's share of the worker: a pass longer than that stops and the next visit
     // goes on from where it stopped, so that one large or slow database (a database owner
-    // made each batch read the whole table) does not hold up the others (issue 24, finding
-    // 6). A minute, or one interval if that is shorter.
+    // made each batch read the whole table) does not hold up the others
+    // (worker::a_slow_database_does_not_hold_up_the_others). A minute, or one interval if
+    // that is shorter.
     let share = share(interval);
     let visit = Instant::now();
     let resume = match prune::in_transaction(prune::load_resume) {

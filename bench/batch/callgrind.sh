@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Batches (issue 14) under callgrind: instructions per transaction of a batch of 100 new
-# random job ids, claimed one of four ways (or none), then the batch's 100 effect rows, each
+# Batches under callgrind: instructions per transaction of a batch of 100 new random job
+# ids, claimed one of four ways (or none), then the batch's 100 effect rows, each
 # transaction BEGIN; claim; effects; COMMIT through prepared statements (EXECUTE), in a
 # single-user server (the method of bench/callgrind.sh: the same set-up and warm-up for
 # every variant, then N transactions; the set-up alone is counted and subtracted).

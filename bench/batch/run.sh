@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Batches (issue 14), inside `with-server --db bench` after bench/run.sh's schema: a
-# transaction of 100 new jobs and their 100 effect rows, the claim done four ways, side by
-# side in mixed runs (bench/mixed.sh): (b) the hand-written INSERT ... SELECT unnest(...)
-# ON CONFLICT DO NOTHING RETURNING, (a) 100 try_claim calls, (c) one try_claim_many, (d)
-# one dedup.advance. Then the size of what each keeps after 1,000,000 messages.
+# Batches, inside `with-server --db bench` after bench/run.sh's schema: a transaction of
+# 100 new jobs and their 100 effect rows, the claim done four ways, side by side in mixed
+# runs (bench/mixed.sh): (b) the hand-written INSERT ... SELECT unnest(...) ON CONFLICT DO
+# NOTHING RETURNING, (a) 100 try_claim calls, (c) one try_claim_many, (d) one
+# dedup.advance. Then the size of what each keeps after 1,000,000 messages.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bindir=$DEDUP_PG_BINDIR

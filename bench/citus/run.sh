@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The Citus comparison (issue 13), inside `with-server --citus` (PGHOST etc. point at the
-# coordinator, DEDUP_CITUS_PORTS lists every node). Claims per second through dedup against
-# the hand-written INSERT ... ON CONFLICT DO NOTHING on a distributed table, the same
+# The Citus comparison, inside `with-server --citus` (PGHOST etc. point at the coordinator,
+# DEDUP_CITUS_PORTS lists every node). Claims per second through dedup against the
+# hand-written INSERT ... ON CONFLICT DO NOTHING on a distributed table, the same
 # transaction shape, with the effect colocated and not. Pairs run in ABBA order per round
-# so drift on a shared machine hits both alike; every run starts from empty tables.
-# Then the same with the clients spread over every node (one pgbench per node).
+# so drift on a shared machine hits both alike; every run starts from empty tables. Then
+# the same with the clients spread over every node (one pgbench per node).
 #
 # Env: CLIENTS (8), THREADS (2), SECONDS_PER_RUN (15), ROUNDS (2), OUT (results file),
 # ONLY=rls (only the row-level security runs)

@@ -1,5 +1,5 @@
-//! dedup on a real Citus cluster (issue 13): a coordinator and two workers on loopback
-//! ports, dedup and Citus on each, claims made from every node over real connections.
+//! dedup on a real Citus cluster: a coordinator and two workers on loopback ports,
+//! dedup and Citus on each, claims made from every node over real connections.
 //!
 //! A custom harness like tests/integration.rs: one cluster for the whole suite, the tests
 //! one after another (each its own tables and job ids), non-zero exit if any failed.

@@ -1,5 +1,5 @@
-//! From the portable edition to the native extension without losing a claim (issue 17;
-//! docs/portable.md, "Moving to the native extension"): `dedup.to-native.sql`, which
+//! From the portable edition to the native extension without losing a claim
+//! (docs/portable.md, "Moving to the native extension"): `dedup.to-native.sql`, which
 //! scripts/portable.py generates, against Debian's PostgreSQL 15 (`DEDUP_PG_CONFIG`), for the
 //! portable edition installed through pg_tle and by the plain script.
 //!
@@ -371,10 +371,10 @@ async fn switch_keeps_every_row(
         "the switch's NOTICE: {}",
         load.output
     );
-    // Issue 24, finding 2: of the privileges granted, only the documented ones are granted
-    // again (without GRANT OPTION); the others are listed in a WARNING. Before the fix a
-    // TRIGGER on the now superuser-owned claim table was granted back, and the
-    // accomplice's trigger ran inside dedup.lease() (SECURITY DEFINER) as a superuser.
+    // Of the privileges granted, only the documented ones are granted again (without
+    // GRANT OPTION); the others are listed in a WARNING. Before the fix a TRIGGER on the
+    // now superuser-owned claim table was granted back, and the accomplice's trigger ran
+    // inside dedup.lease() (SECURITY DEFINER) as a superuser.
     for withheld in [
         "GRANT TRIGGER ON TABLE dedup.processed TO accomplice",
         "GRANT TRUNCATE ON TABLE dedup.processed TO accomplice",

@@ -1,5 +1,5 @@
-//! The `offsets` strategy, and the example consumer of a partitioned log (issue 14): one
-//! Redis stream per partition, each read by one consumer at a time from the position the
+//! The `offsets` strategy, and the example consumer of a partitioned log: one Redis
+//! stream per partition, each read by one consumer at a time from the position the
 //! database holds, the effects of a batch and `dedup.advance` of its partition in one
 //! transaction.
 //!

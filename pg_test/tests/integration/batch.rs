@@ -1,4 +1,4 @@
-//! Batch claims and offsets per partition (issue 14): dedup.try_claim_many, dedup.advance,
+//! Batch claims and offsets per partition: dedup.try_claim_many, dedup.advance,
 //! dedup.position, over real connections.
 use crate::common::{claim, ensure_eq, expect_sqlstate, Ctx};
 use anyhow::{bail, ensure, Context, Result};
@@ -385,7 +385,7 @@ pub async fn advance_raises_each_partition_once(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Security review 2 (issue 24), finding 9: any role could move any stream's marks, and
+/// Before the fix any role could move any stream's marks, and
 /// `advance(stream, 0, 9223372036854775807)` made every later entry of that partition
 /// "done" for ever. A stream belongs to the role that first advanced it: another role's
 /// advance of it (a partition it has, a new one, the batch form) is refused with 42501

@@ -127,12 +127,12 @@ pub async fn immediate_stop_keeps_committed_claims_only(_ctx: Ctx) -> Result<()>
     Ok(())
 }
 
-/// Issue 24, finding 12: set_result knows "a claim of this transaction" by the row's
-/// 32-bit xmin. A claim kept for 2^32 transactions shares those bits with one transaction
-/// of the next epoch, which could then store a result for a job it never claimed. Here
-/// pg_resetwal moves the server to the next epoch, just before the claim's xid: the
-/// transaction that gets that xid again is refused (55000). Before the fix its set_result
-/// overwrote the claimer's result.
+/// set_result knows "a claim of this transaction" by the row's 32-bit xmin. A claim kept
+/// for 2^32 transactions shares those bits with one transaction of the next epoch, which
+/// could then store a result for a job it never claimed. Here pg_resetwal moves the
+/// server to the next epoch, just before the claim's xid: the transaction that gets that
+/// xid again is refused (55000). Before the fix its set_result overwrote the claimer's
+/// result.
 pub async fn set_result_refuses_a_claim_of_an_earlier_epoch(_ctx: Ctx) -> Result<()> {
     let mut cluster = tokio::task::spawn_blocking(|| {
         Cluster::start(Options::named("epoch").set("autovacuum", "off"))
@@ -214,8 +214,8 @@ pub async fn set_result_refuses_a_claim_of_an_earlier_epoch(_ctx: Ctx) -> Result
     Ok(())
 }
 
-/// A failover (issue 29): four writers claim new jobs, each claim and its effect in one
-/// transaction, on a primary with a streaming standby, until the primary is stopped with
+/// A failover: four writers claim new jobs, each claim and its effect in one transaction,
+/// on a primary with a streaming standby, until the primary is stopped with
 /// `-m immediate` under them; the standby is promoted. With the standby synchronous
 /// (`synchronous_commit = on`, the default, and `synchronous_standby_names`), every
 /// commit a writer saw acknowledged is on the promoted server. Asynchronous, some may be

@@ -353,7 +353,7 @@ pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// The README is a landing page (issue 16: about 300 lines at most); the detail lives in docs/.
+/// The README is a landing page (about 300 lines at most); the detail lives in docs/.
 pub async fn readme_stays_a_landing_page(_ctx: Ctx) -> Result<()> {
     let lines = read("README.md")?.lines().count();
     if lines > 300 {

@@ -210,7 +210,7 @@ pub async fn citus_functions_without_citus(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Each error names what is at fault (found while writing docs/reference/, issue 16): a NULL
+/// Each error names what is at fault (found while writing docs/reference/): a NULL
 /// lease_id is 22004 for every lease function, not a lost lease (YD002 "lease  on job");
 /// another holder's lease_id is not reported as an expired lease, nor a job never leased as
 /// released; dedup.prune and dedup.advance in a read-only transaction say they cannot prune

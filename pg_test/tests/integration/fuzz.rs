@@ -1,12 +1,12 @@
-//! Adversarial arguments (issue 29, the short form): every function of the schema dedup,
-//! called over the wire with arguments drawn from each type's edge cases (NULL, empty and
-//! oversize strings, every integer boundary, huge and odd arrays, infinite and extreme
-//! times and intervals, NaN), as a superuser and as a role holding only what PUBLIC has.
-//! No call may end the server process, none may raise `XX000` without a hint (an error a
-//! user cannot act on) or a corruption SQLSTATE (`XX001`, `XX002`), and a call that raised
-//! changes no claim and counts nothing (but a fingerprint mismatch, `YD001`, which
-//! `dedup.stats` counts). `DEDUP_FUZZ_CALLS` (default 3000) sets the
-//! number of calls; `DEDUP_FUZZ_SEED` the seed (printed, so a failure can be replayed).
+//! Adversarial arguments: every function of the schema dedup, called over the wire with
+//! arguments drawn from each type's edge cases (NULL, empty and oversize strings, every
+//! integer boundary, huge and odd arrays, infinite and extreme times and intervals, NaN),
+//! as a superuser and as a role holding only what PUBLIC has. No call may end the server
+//! process, none may raise `XX000` without a hint (an error a user cannot act on) or a
+//! corruption SQLSTATE (`XX001`, `XX002`), and a call that raised changes no claim and
+//! counts nothing (but a fingerprint mismatch, `YD001`, which `dedup.stats` counts).
+//! `DEDUP_FUZZ_CALLS` (default 3000) sets the number of calls; `DEDUP_FUZZ_SEED` the seed
+//! (printed, so a failure can be replayed).
 use crate::common::ensure_eq;
 use crate::common::Ctx;
 use anyhow::{bail, Context, Result};

@@ -273,9 +273,9 @@ pub async fn leases_and_fingerprints_raise_their_own_sqlstates(ctx: Ctx) -> Resu
     Ok(())
 }
 
-/// Issue 11, finding 3: a lease extended past its scope's retention and then completed
-/// stays done for the whole retention from its completion, and an extension longer than
-/// the retention is refused as a lease that long is.
+/// A lease extended past its scope's retention and then completed stays done for the
+/// whole retention from its completion, and an extension longer than the retention is
+/// refused as a lease that long is.
 pub async fn completed_lease_is_kept_for_its_retention_from_completion(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
     c.batch_execute("SELECT dedup.set_retention('r5', '5 seconds')")

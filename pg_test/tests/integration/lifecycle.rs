@@ -105,8 +105,8 @@ pub async fn claims_go_on_while_the_table_is_truncated_and_vacuumed(ctx: Ctx) ->
     ensure_eq(rounds > 10, true, "maintenance rounds while claiming")
 }
 
-/// Issue 11, finding 11: the primary key is the only arbiter. A unique index a superuser
-/// adds does not turn a claim of a new job into `false`: the insert meets that index as
+/// The primary key is the only arbiter. A unique index a superuser adds does not turn a
+/// claim of a new job into `false`: the insert meets that index as
 /// `INSERT ... ON CONFLICT ON CONSTRAINT processed_pkey DO NOTHING` would (23505).
 pub async fn only_the_primary_key_decides_a_claim(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
@@ -137,8 +137,8 @@ pub async fn only_the_primary_key_decides_a_claim(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 11: a claim table that is not a plain heap table (here partitioned,
-/// with the same columns and key) is refused with a clear error, by claims and by prune.
+/// A claim table that is not a plain heap table (here partitioned, with the same columns
+/// and key) is refused with a clear error, by claims and by prune.
 pub async fn a_partitioned_claim_table_is_refused(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
     c.batch_execute(

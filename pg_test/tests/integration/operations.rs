@@ -1,7 +1,7 @@
-//! Operating retention safely (issue 15): the ages of the claims duplicates hit, copies
-//! past half the retention, waits for concurrent holders, table health per scope,
-//! dedup.forget with its audit trail, and a counter file of the previous format read after
-//! the upgrade. Tests that count run a preloaded cluster of their own.
+//! Operating retention safely: the ages of the claims duplicates hit, copies past half the
+//! retention, waits for concurrent holders, table health per scope, dedup.forget with its
+//! audit trail, and a counter file of the previous format read after the upgrade. Tests
+//! that count run a preloaded cluster of their own.
 use crate::common::{ensure_eq, expect_sqlstate, unprivileged, Ctx};
 use crate::stats::{as_consumer, preloaded};
 use anyhow::{bail, Context, Result};

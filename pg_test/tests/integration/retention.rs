@@ -170,10 +170,10 @@ pub async fn claims_racing_a_prune_of_their_keys_have_one_winner(ctx: Ctx) -> Re
     Ok(())
 }
 
-/// Issue 24, finding 3: a plain role row-locks the first batch's worth of expired claims
-/// (`dedup.lease` of a done job locks its row, as any `ON CONFLICT DO UPDATE` does, and the
-/// transaction stays open); the prune skips them and goes on past them, instead of scanning
-/// the same rows for ever. Before the fix this prune spun until its statement_timeout.
+/// A plain role row-locks the first batch's worth of expired claims (`dedup.lease` of a
+/// done job locks its row, as any `ON CONFLICT DO UPDATE` does, and the transaction stays
+/// open); the prune skips them and goes on past them, instead of scanning the same rows for
+/// ever. Before the fix this prune spun until its statement_timeout.
 pub async fn claims_locked_by_another_role_do_not_stop_a_prune(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     // The locked claims first (the first blocks, the first batch), the others after them.
@@ -219,11 +219,11 @@ pub async fn claims_locked_by_another_role_do_not_stop_a_prune(ctx: Ctx) -> Resu
     Ok(())
 }
 
-/// Issue 24, finding 5: a claim's processed_at is its transaction's start, so a transaction
-/// (or a prepared one) that lasts longer than the retention commits a claim that looks
-/// expired at once. It is kept its retention from its commit: a prune right after the
-/// commits deletes neither, a copy delivered then finds both, and a prune a retention later
-/// deletes them. Before the fix the first prune deleted both and the copies ran again.
+/// A claim's processed_at is its transaction's start, so a transaction (or a prepared one)
+/// that lasts longer than the retention commits a claim that looks expired at once. It is
+/// kept its retention from its commit: a prune right after the commits deletes neither, a
+/// copy delivered then finds both, and a prune a retention later deletes them. Before the
+/// fix the first prune deleted both and the copies ran again.
 pub async fn a_claim_is_kept_its_retention_from_commit(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     admin
@@ -293,11 +293,11 @@ pub async fn a_claim_is_kept_its_retention_from_commit(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 24, finding 12: a retention with parts of both signs is positive with 30-day
-/// months but not in every month: '1 month -29 days' is -1 day after a February of 28
-/// days, when its cutoff is in the future and every claim of the scope is pruned. It is
-/// refused (22023) unless it is positive with months of 28 days (31 for a negative count);
-/// days and time mixed are exact in UTC. Before the fix '1 month -29 days' was accepted.
+/// A retention with parts of both signs is positive with 30-day months but not in every
+/// month: '1 month -29 days' is -1 day after a February of 28 days, when its cutoff is in
+/// the future and every claim of the scope is pruned. It is refused (22023) unless it is
+/// positive with months of 28 days (31 for a negative count); days and time mixed are
+/// exact in UTC. Before the fix '1 month -29 days' was accepted.
 pub async fn a_retention_positive_only_in_some_months_is_refused(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
     for retention in ["1 month -29 days", "1 year -340 days", "2 months -57 days"] {
@@ -329,9 +329,9 @@ pub async fn a_retention_positive_only_in_some_months_is_refused(ctx: Ctx) -> Re
     Ok(())
 }
 
-/// Issue 11, finding 4: dedup.retention is set for the server or a database, where every
-/// session and the worker see the same value; a role's setting and a session's SET are
-/// refused with a message, so no session reports a retention the worker does not keep.
+/// dedup.retention is set for the server or a database, where every session and the
+/// worker see the same value; a role's setting and a session's SET are refused with a
+/// message, so no session reports a retention the worker does not keep.
 pub async fn retention_is_the_same_in_every_session(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     admin.batch_execute("LOAD 'dedup'").await?;
@@ -391,8 +391,8 @@ pub async fn retention_is_the_same_in_every_session(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 7: `scope_retention.set_by` names the role that called
-/// `dedup.set_retention`, not the function's owner.
+/// `scope_retention.set_by` names the role that called `dedup.set_retention`, not the
+/// function's owner.
 pub async fn set_by_names_the_caller(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     let (role, w) = crate::common::unprivileged(

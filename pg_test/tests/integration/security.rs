@@ -195,11 +195,11 @@ pub async fn create_extension_under_hostile_search_path(ctx: Ctx) -> Result<()> 
     Ok(())
 }
 
-/// Issue 11, finding 1: a role with only `LOGIN CREATEDB` owns a database, puts operators
-/// of its own on the search_path of every session there (`ALTER DATABASE ... SET`, and a
-/// superuser's careless `ALTER ROLE ... IN DATABASE ... SET`), and waits for the prune
-/// worker, which connects to every database as a superuser. The worker must run none of
-/// that code: `mallory` stays unprivileged, and no call of the operators is recorded.
+/// A role with only `LOGIN CREATEDB` owns a database, puts operators of its own on the
+/// search_path of every session there (`ALTER DATABASE ... SET`, and a superuser's
+/// careless `ALTER ROLE ... IN DATABASE ... SET`), and waits for the prune worker, which
+/// connects to every database as a superuser. The worker must run none of that code:
+/// `mallory` stays unprivileged, and no call of the operators is recorded.
 pub async fn worker_runs_no_code_a_database_owner_wrote(_ctx: Ctx) -> Result<()> {
     use crate::worker::{count, eventually, preloaded, start};
     let cluster = start(preloaded("worker-hostile")).await?;
@@ -307,9 +307,9 @@ pub async fn worker_runs_no_code_a_database_owner_wrote(_ctx: Ctx) -> Result<()>
     Ok(())
 }
 
-/// Issue 11, finding 5: the whole API as a role holding exactly the grants the docs give
-/// (docs/operations.md, "Security model": none for claims, leases and results; `pg_monitor`
-/// for the counters), with every error raised with its own SQLSTATE, not `42501`.
+/// The whole API as a role holding exactly the grants the docs give (docs/operations.md,
+/// "Security model": none for claims, leases and results; `pg_monitor` for the counters),
+/// with every error raised with its own SQLSTATE, not `42501`.
 pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result<()> {
     let (role, w) = crate::common::unprivileged(&ctx, "app", "GRANT pg_monitor TO {role};").await?;
     w.batch_execute("SET dedup.warn_outside_transaction = off")
@@ -419,14 +419,14 @@ pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result
     Ok(())
 }
 
-/// Issue 24, finding 1: `CREATE EXTENSION dedup` adopted a schema dedup that already
-/// existed, whoever made it. A role with CREATE on the database (a CREATEDB role in its own
-/// database, an application role that runs migrations) makes the schema first, with a more
-/// specific overload of the API in it (`try_claim(integer)`, which the documented
-/// `try_claim(42)` resolves to): the install must refuse it, and refuse a schema that
-/// grants CREATE to such a role or already holds objects; an empty schema a superuser owns
-/// (what a restore of pg_dump's output makes) is accepted. Before the fix the install
-/// succeeded and `try_claim(42)` answered `true` for every copy.
+/// `CREATE EXTENSION dedup` used to adopt a schema dedup that already existed, whoever made
+/// it. A role with CREATE on the database (a CREATEDB role in its own database, an
+/// application role that runs migrations) makes the schema first, with a more specific
+/// overload of the API in it (`try_claim(integer)`, which the documented `try_claim(42)`
+/// resolves to): the install must refuse it, and refuse a schema that grants CREATE to such
+/// a role or already holds objects; an empty schema a superuser owns (what a restore of
+/// pg_dump's output makes) is accepted. Before the fix the install succeeded and
+/// `try_claim(42)` answered `true` for every copy.
 pub async fn create_extension_refuses_a_schema_it_did_not_make(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     let maker = format!("maker_{}", ctx.db);
@@ -507,10 +507,10 @@ pub async fn create_extension_refuses_a_schema_it_did_not_make(ctx: Ctx) -> Resu
     Ok(())
 }
 
-/// Issue 24, finding 1: the claim path looks the table up by name, so a table
-/// dedup.processed that is not the extension's (the extension's schema renamed by a role
-/// that owned it, and a look-alike made in its place) must be refused, never written to.
-/// Before the fix the claim went into the look-alike.
+/// The claim path looks the table up by name, so a table dedup.processed that is not the
+/// extension's (the extension's schema renamed by a role that owned it, and a look-alike
+/// made in its place) must be refused, never written to. Before the fix the claim went
+/// into the look-alike.
 pub async fn a_look_alike_claim_table_is_refused(ctx: Ctx) -> Result<()> {
     let admin = ctx.connect().await?;
     admin
@@ -537,11 +537,11 @@ pub async fn a_look_alike_claim_table_is_refused(ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 24, finding 1: the worker runs as a superuser in every database; where the
-/// extension's schema is one a plain role controls (it owns it, as an install before 0.6.0
-/// that adopted a pre-made schema left it, or holds CREATE on it), that role could rename
-/// it and put look-alikes in its place. The worker must skip such a database with a
-/// warning, and go on pruning the others. Before the fix it pruned there as everywhere.
+/// The worker runs as a superuser in every database; where the extension's schema is one a
+/// plain role controls (it owns it, as an install before 0.6.0 that adopted a pre-made
+/// schema left it, or holds CREATE on it), that role could rename it and put look-alikes
+/// in its place. The worker must skip such a database with a warning, and go on pruning
+/// the others. Before the fix it pruned there as everywhere.
 pub async fn worker_skips_a_schema_a_plain_role_controls(_ctx: Ctx) -> Result<()> {
     use crate::worker::{count, database_with_claims, eventually, preloaded, start, EXPIRED};
     let cluster = start(preloaded("worker-schema")).await?;

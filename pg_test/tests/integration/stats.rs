@@ -324,8 +324,8 @@ pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 9: a role inventing scope names cannot evict the counters of other
-/// consumers: once the table is full, new combinations are counted in one overflow row.
+/// A role inventing scope names cannot evict the counters of other consumers: once the
+/// table is full, new combinations are counted in one overflow row.
 pub async fn invented_names_cannot_evict_other_counters(_ctx: Ctx) -> Result<()> {
     let cluster = Cluster::start(preloaded("stats-flood").set("dedup.stats_max", "100"))?;
     cluster.create_db_with_extension("app")?;
@@ -568,21 +568,21 @@ async fn full_table(c: &Conn) -> Result<(i64, i64, i64)> {
     ))
 }
 
-/// Issue 24, finding 11: once the counter table is full, a call with a combination it has
-/// no entry for is counted in the overflow row under the table's shared lock, never the
-/// exclusive one, so a flood of invented names makes no backend queue for the lock behind
-/// a reader of dedup.stats (nor every other lookup behind it). For five seconds, eight
-/// connections call try_claim with a new scope each time while one reads dedup.stats in a
-/// loop and one samples pg_stat_activity for backends waiting on the lock (the LWLock
-/// tranche `dedup`). With nothing but shared holders no acquisition can wait, so after the
-/// fix the count is zero every time. Before it, each of those calls took the lock
-/// exclusively, queueing behind the reader and the other flooders: a sampler taking
-/// thousands of samples then catches some of those waits, so the test failing before the
-/// fix was near-certain, not guaranteed (PostgreSQL counts no LWLock acquisitions a test
-/// could read; a wait shows only while it lasts). Then, deterministically: a backend whose
-/// combination was counted in the overflow row gets an entry of its own once the launcher
-/// forgets a dropped database's entry (before, it counted in the overflow row until it
-/// used another combination, or until a reset).
+/// Once the counter table is full, a call with a combination it has no entry for is
+/// counted in the overflow row under the table's shared lock, never the exclusive one, so
+/// a flood of invented names makes no backend queue for the lock behind a reader of
+/// dedup.stats (nor every other lookup behind it). For five seconds, eight connections
+/// call try_claim with a new scope each time while one reads dedup.stats in a loop and one
+/// samples pg_stat_activity for backends waiting on the lock (the LWLock tranche `dedup`).
+/// With nothing but shared holders no acquisition can wait, so after the fix the count is
+/// zero every time. Before it, each of those calls took the lock exclusively, queueing
+/// behind the reader and the other flooders: a sampler taking thousands of samples then
+/// catches some of those waits, so the test failing before the fix was near-certain, not
+/// guaranteed (PostgreSQL counts no LWLock acquisitions a test could read; a wait shows
+/// only while it lasts). Then, deterministically: a backend whose combination was counted
+/// in the overflow row gets an entry of its own once the launcher forgets a dropped
+/// database's entry (before, it counted in the overflow row until it used another
+/// combination, or until a reset).
 pub async fn a_full_counter_table_is_never_locked_exclusively(_ctx: Ctx) -> Result<()> {
     const FLOODERS: usize = 8;
     const FLOOD_FOR: Duration = Duration::from_secs(5);

@@ -308,11 +308,11 @@ pub async fn standby_does_not_prune_until_promoted(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 2: no ordinary role can stop pruning. An idle session holding the
-/// advisory lock of 0.4.0's prune lock (database a), an open transaction holding the row
-/// lock of an expired lease (database b): every database is still pruned on time. A
-/// database whose prune is kept from running longer than one interval (a privileged
-/// `dedup.prune()` left open, database d) gets a WARNING and shows as overdue.
+/// No ordinary role can stop pruning. An idle session holding the advisory lock of
+/// 0.4.0's prune lock (database a), an open transaction holding the row lock of an
+/// expired lease (database b): every database is still pruned on time. A database whose
+/// prune is kept from running longer than one interval (a privileged `dedup.prune()`
+/// left open, database d) gets a WARNING and shows as overdue.
 pub async fn no_role_can_stop_pruning(_ctx: Ctx) -> Result<()> {
     let cluster = start(preloaded("worker-locks")).await?;
     let admin = connect(&cluster.dsn("postgres")).await?;
@@ -426,8 +426,8 @@ pub async fn no_role_can_stop_pruning(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 6: VACUUM truncates the table between two batches of a pass; the
-/// next batch starts past the new end and must not fail.
+/// VACUUM truncates the table between two batches of a pass; the next batch starts past
+/// the new end and must not fail.
 pub async fn vacuum_truncation_between_batches(_ctx: Ctx) -> Result<()> {
     let cluster = start(
         preloaded("worker-truncate")
@@ -491,8 +491,8 @@ pub async fn vacuum_truncation_between_batches(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Issue 11, finding 10: DROP DATABASE succeeds while the worker is in the middle of a
-/// long pass there (it waits at most 5 s for other sessions to leave).
+/// DROP DATABASE succeeds while the worker is in the middle of a long pass there (it
+/// waits at most 5 s for other sessions to leave).
 pub async fn drop_database_during_a_pass(_ctx: Ctx) -> Result<()> {
     let cluster = start(
         preloaded("worker-drop")
@@ -581,11 +581,11 @@ async fn short_day_zone(c: &Conn) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// Issue 24, findings 4 and 6: a database owner (`CREATEDB`, nothing else) sets, for every
-/// session of its database, a TimeZone whose daylight-saving jump makes '1 day' last one
-/// hour, and `enable_tidscan = off`, which makes every batch's DELETE a sequential scan of
-/// the whole table (and `role`, and from 17 on `transaction_timeout`, which stopped the
-/// first fix's passes there). The worker must keep a claim of a one-day scope that is two hours old,
+/// A database owner (`CREATEDB`, nothing else) sets, for every session of its database, a
+/// TimeZone whose daylight-saving jump makes '1 day' last one hour, and
+/// `enable_tidscan = off`, which makes every batch's DELETE a sequential scan of the whole
+/// table (and `role`, and from 17 on `transaction_timeout`, which stopped the first fix's
+/// passes there). The worker must keep a claim of a one-day scope that is two hours old,
 /// and read the table once per pass, not once per batch. Before the fix the claim was
 /// pruned (and the job would run again) and the DELETEs read the table again per batch.
 pub async fn a_database_owners_settings_do_not_change_a_pass(_ctx: Ctx) -> Result<()> {
@@ -682,14 +682,14 @@ fn log_since(cluster: &Cluster, mark: usize) -> String {
     cluster.log_text().get(mark..).unwrap_or("").to_string()
 }
 
-/// Issue 24, finding 7: DROP DATABASE and ALTER DATABASE ... RENAME take their lock on the
-/// database before they check that their role owns it, so a plain role's attempt, failing
-/// with 42501, held for a moment the lock the worker looks at between batches; in a loop,
-/// it made the worker leave each pass of that database early, logging that the database
-/// was being dropped or renamed. Eight sessions of a plain role try both in a loop here: a
-/// pass of 200 batches must prune the database without leaving once, and a superuser's
-/// DROP DATABASE in the middle of a pass, under the same loop, must still succeed (the
-/// worker leaves for it within DROP DATABASE's 5 s).
+/// DROP DATABASE and ALTER DATABASE ... RENAME take their lock on the database before they
+/// check that their role owns it, so a plain role's attempt, failing with 42501, held for
+/// a moment the lock the worker looks at between batches; in a loop, it made the worker
+/// leave each pass of that database early, logging that the database was being dropped or
+/// renamed. Eight sessions of a plain role try both in a loop here: a pass of 200 batches
+/// must prune the database without leaving once, and a superuser's DROP DATABASE in the
+/// middle of a pass, under the same loop, must still succeed (the worker leaves for it
+/// within DROP DATABASE's 5 s).
 pub async fn a_failing_drop_database_does_not_stop_pruning(_ctx: Ctx) -> Result<()> {
     // 20,000 claims in batches of 100: a pass looks at the lock before each of its 200
     // batches and in each pause after one.
@@ -860,12 +860,12 @@ fn cpu_seconds(pid: i32) -> Result<f64> {
     Ok(ticks as f64 / hz as f64)
 }
 
-/// Issue 24, finding 8: parallel query workers (or other extensions') can take every
-/// background worker slot. The launcher then gave up its whole cycle at the first database
-/// it could not start a worker for, warned, and waited two intervals whatever happened
-/// meanwhile; as its back-off started over every cycle, it warned again every two
-/// intervals while the slots stayed full. Here `max_worker_processes = 2` leaves one slot
-/// beside the launcher, which a parallel worker running pg_sleep holds.
+/// Parallel query workers (or other extensions') can take every background worker slot.
+/// The launcher used to give up its whole cycle at the first database it could not start a
+/// worker for, warn, and wait two intervals whatever happened meanwhile; as its back-off
+/// started over every cycle, it warned again every two intervals while the slots stayed
+/// full. Here `max_worker_processes = 2` leaves one slot beside the launcher, which a
+/// parallel worker running pg_sleep holds.
 ///
 /// A: with an interval of 30 s, a cycle starts (a reload) while the slot is held for about
 /// 4 s: every database must be pruned soon after the slot is free, not two intervals
@@ -978,11 +978,11 @@ pub async fn full_worker_slots_hold_up_pruning_only_while_full(_ctx: Ctx) -> Res
     Ok(())
 }
 
-/// Issue 24, finding 6: the worker visits databases one at a time, so one database whose
-/// pass is long (a large table, or a database owner's settings made each batch slow) held
-/// up every other. A database now gets at most its share of the worker per visit (one
-/// interval here, a minute at most), and the next visit goes on from where the last one
-/// stopped. Before the fix the small database waited for the large one's whole pass.
+/// The worker visits databases one at a time, so one database whose pass is long (a large
+/// table, or a database owner's settings made each batch slow) could hold up every other. A
+/// database now gets at most its share of the worker per visit (one interval here, a minute
+/// at most), and the next visit goes on from where the last one stopped. Before the fix the
+/// small database waited for the large one's whole pass.
 pub async fn a_slow_database_does_not_hold_up_the_others(_ctx: Ctx) -> Result<()> {
     // 100 batches of 100 claims, 200 ms apart: a pass of more than 20 s.
     let cluster = start(

@@ -1,8 +1,7 @@
--- dedup bootstrap: the managed claim table. Runs first in CREATE EXTENSION, with
--- search_path set to the extension's schema; every name is qualified anyway.
+-- dedup's claims: the schema and the managed claim table. Runs first in CREATE EXTENSION,
+-- with search_path set to the extension's schema; every name is qualified anyway.
 
--- The schema dedup must be the one this CREATE EXTENSION made, or one as safe (issue 24,
--- finding 1): CREATE EXTENSION adopts a schema of that name that exists already, whoever
+-- The schema dedup must be the one this CREATE EXTENSION made, or one as safe: CREATE EXTENSION adopts a schema of that name that exists already, whoever
 -- made it, and its owner could then add overloads of the API that run their code as every
 -- caller, drop every claim with DROP SCHEMA ... CASCADE, or rename it under the worker. So
 -- it must be owned by a superuser or the installing role, grant CREATE to no other role
@@ -70,14 +69,30 @@ BEGIN
 END
 $dedup_schema$;
 
+-- One table for claims and leases. A row's state follows from its lease columns:
+--   lease_expires_at IS NULL      done: a try_claim claim, or a completed lease (lease_id kept)
+--   lease_expires_at IS NOT NULL  a lease, live until lease_expires_at, then free to take over
+-- Pruning deletes done rows and expired leases older than their retention, never a live lease.
 CREATE TABLE dedup.processed (
-    scope        pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
-    job_id       pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
-    processed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    scope            pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    job_id           pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+    processed_at     pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    fingerprint      pg_catalog.text COLLATE pg_catalog."C",
+    result           pg_catalog.jsonb,
+    lease_id         pg_catalog.uuid,
+    lease_expires_at pg_catalog.timestamptz,
     CONSTRAINT processed_pkey PRIMARY KEY (job_id, scope)
 );
 
 COMMENT ON TABLE dedup.processed IS
+COMMENT ON COLUMN dedup.processed.fingerprint IS
+    'The payload fingerprint the job was first claimed with, if any.';
+COMMENT ON COLUMN dedup.processed.result IS
+    'The result stored with the job (dedup.set_result, dedup.complete), for dedup.claim_result.';
+COMMENT ON COLUMN dedup.processed.lease_id IS
+    'The lease that holds or completed the job (dedup.lease); NULL for a try_claim claim.';
+COMMENT ON COLUMN dedup.processed.lease_expires_at IS
+    'Until when the lease holds the job; NULL once done.';
     'Claims taken by dedup.try_claim: one row per (scope, job_id), written in the claiming transaction.';
 
 -- Nobody but the owner writes this table directly: try_claim is the only way in, so
