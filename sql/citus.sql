@@ -1,125 +1,9 @@
--- dedup 0.6.0: scale-out on Citus (issue 13). sql/dedup--0.5.0--0.6.0.sql makes the same
--- changes for an upgrade (a test compares the two catalogs).
+-- dedup on Citus.
 --
 -- dedup.distribute() makes dedup.processed a Citus distributed table (by job_id) and
 -- dedup.scope_retention a reference table. From then on every node's claims are
 -- statements Citus routes to the job's shard (src/citus.rs), and each node's worker prunes
 -- the shard placements it holds.
-
--- claim_result reads through dedup._claim_result: as the owner on PostgreSQL, as the caller
--- on Citus (whose connections are per role: a shard this transaction wrote as the caller
--- cannot be read as another role in the same transaction).
-CREATE OR REPLACE FUNCTION dedup.claim_result(
-    job_id pg_catalog.text,
-    scope  pg_catalog.text DEFAULT 'default',
-    OUT result     pg_catalog.jsonb,
-    OUT claimed_at pg_catalog.timestamptz)
-RETURNS SETOF record
-LANGUAGE sql STABLE PARALLEL RESTRICTED SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT r.result, r.claimed_at FROM dedup._claim_result(job_id, scope) AS r
-$$;
-REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
-
--- complete and extend_lease as in 0.5.0, plus a second form of their one statement for a
--- claim table Citus distributes: Citus accepts no volatile function in the WHERE of an ON
--- CONFLICT or an UPDATE of a distributed table, so there the time is read into a variable
--- just before the statement (a wait for a row lock then comes after it). On one server the
--- statements are exactly 0.5.0's. dedup.lease gets the same second form in
--- sql/operations.sql, which also makes it pass the claim's time to dedup._count.
-CREATE OR REPLACE FUNCTION dedup.complete(
-    job_id   pg_catalog.text,
-    lease_id pg_catalog.uuid,
-    result   pg_catalog.jsonb DEFAULT NULL,
-    scope    pg_catalog.text DEFAULT 'default')
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    t timestamptz;
-BEGIN
-    PERFORM dedup._check_claim('dedup.complete', job_id, scope, NULL);
-    IF lease_id IS NULL THEN
-        PERFORM dedup._raise('22004', 'dedup.complete: lease_id must not be NULL',
-                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
-    END IF;
-    -- Done from now on: processed_at becomes the moment the job was done, which retention
-    -- counts from, so it stays done for its scope's whole retention after this.
-    IF dedup._distributed() THEN
-        t := clock_timestamp();
-        UPDATE dedup.processed AS p
-           SET lease_expires_at = NULL, result = complete.result, processed_at = t
-         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
-           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
-    ELSE
-        UPDATE dedup.processed AS p
-           SET lease_expires_at = NULL, result = complete.result, processed_at = clock_timestamp()
-         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
-           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
-    END IF;
-    IF NOT FOUND THEN
-        -- Completing twice with the same lease is a no-op: the first result stays.
-        PERFORM FROM dedup.processed AS p
-         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
-           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NULL;
-        IF NOT FOUND THEN
-            PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
-        END IF;
-    END IF;
-END
-$$;
-
-CREATE OR REPLACE FUNCTION dedup.extend_lease(
-    job_id   pg_catalog.text,
-    lease_id pg_catalog.uuid,
-    duration pg_catalog.interval DEFAULT NULL,
-    scope    pg_catalog.text DEFAULT 'default')
-RETURNS pg_catalog.timestamptz
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    d     interval;
-    until timestamptz;
-    t     timestamptz;
-BEGIN
-    PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
-    IF lease_id IS NULL THEN
-        PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
-                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
-    END IF;
-    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
-    IF d <= interval '0' THEN
-        PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),
-                             'Pass how much longer the external effect may take.');
-    END IF;
-    IF d > dedup.retention(scope) THEN
-        PERFORM dedup._raise('22023',
-            format('dedup.extend_lease: an extension of %s is longer than the retention of scope %L (%s)',
-                   d, scope, dedup.retention(scope)),
-            'A lease must end before its claim could be pruned: extend it by less and more often, '
-            'or lengthen the retention (dedup.set_retention).');
-    END IF;
-    IF dedup._distributed() THEN
-        t := clock_timestamp();
-        UPDATE dedup.processed AS p SET lease_expires_at = t + d
-         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
-           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
-        RETURNING p.lease_expires_at INTO until;
-    ELSE
-        UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
-         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
-           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
-        RETURNING p.lease_expires_at INTO until;
-    END IF;
-    IF NOT FOUND THEN
-        PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
-    END IF;
-    RETURN until;
-END
-$$;
 
 CREATE FUNCTION dedup.distribute(
     colocate_with pg_catalog.text DEFAULT 'default',
@@ -210,7 +94,6 @@ $$;
 REVOKE ALL ON FUNCTION dedup.distribute(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.distribute(pg_catalog.text, pg_catalog.int4) IS
 'On a Citus coordinator: distribute dedup.processed by job_id (colocated with colocate_with) and make dedup.scope_retention a reference table. Claims are then routed to the job''s shard from every node.';
-
 -- Every node's dedup.stats, through Citus. Runs as the caller on each node (pg_monitor
 -- there reads dedup.stats).
 CREATE FUNCTION dedup.cluster_stats()
@@ -221,7 +104,11 @@ RETURNS TABLE (
     fingerprint_mismatches pg_catalog.int8,
     last_claim_at pg_catalog.timestamptz, last_duplicate_at pg_catalog.timestamptz,
     rows_pruned pg_catalog.int8, last_pruned_at pg_catalog.timestamptz,
-    live_claims_estimate pg_catalog.int8)
+    live_claims_estimate pg_catalog.int8,
+    late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
+    duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
+    waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
+    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -258,3 +145,4 @@ REVOKE ALL ON FUNCTION dedup.cluster_stats() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
 COMMENT ON FUNCTION dedup.cluster_stats() IS
 'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';
+

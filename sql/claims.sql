@@ -85,6 +85,7 @@ CREATE TABLE dedup.processed (
 );
 
 COMMENT ON TABLE dedup.processed IS
+    'Claims taken by dedup.try_claim: one row per (scope, job_id), written in the claiming transaction.';
 COMMENT ON COLUMN dedup.processed.fingerprint IS
     'The payload fingerprint the job was first claimed with, if any.';
 COMMENT ON COLUMN dedup.processed.result IS
@@ -93,7 +94,6 @@ COMMENT ON COLUMN dedup.processed.lease_id IS
     'The lease that holds or completed the job (dedup.lease); NULL for a try_claim claim.';
 COMMENT ON COLUMN dedup.processed.lease_expires_at IS
     'Until when the lease holds the job; NULL once done.';
-    'Claims taken by dedup.try_claim: one row per (scope, job_id), written in the claiming transaction.';
 
 -- Nobody but the owner writes this table directly: try_claim is the only way in, so
 -- no role can forge processed_at, delete a claim or truncate the table.

@@ -1,125 +1,113 @@
--- dedup 0.5.0 -> 0.6.0: Citus (issue 13), operating retention (issue 15), batch claims and
--- offsets (issue 14). Keeps every claim. First the library's new functions:
--- dedup.try_claim_many, dedup._try_claim_many_fp, dedup._check_offset, dedup._claim_result,
--- dedup._distributed (which the lease functions ask), dedup._written_here (for the
--- row-level security dedup.distribute() sets), dedup._caller (for dedup.forget's
--- audit row), dedup._count with the claim's time, and dedup.stats_counters with the new
--- counters (the view on it is made again by sql/operations.sql); then sql/citus.sql,
--- sql/operations.sql and sql/offsets.sql, which a new install runs too.
+-- Made by scripts/upgrade-script.py from sql/upgrade/0.6.0.sql: edit the recipe, not this file.
+-- dedup 0.5.0 -> 0.6.0: scale-out on Citus, operating retention (duplicate ages, waits,
+-- table_health, forget), a claim kept its retention from when it became visible, batch
+-- claims and offsets per partition. Keeps every claim.
 \echo Use "ALTER EXTENSION dedup UPDATE TO '0.6.0'" to load this file. \quit
 
-CREATE FUNCTION dedup.try_claim_many(
-	"job_ids" pg_catalog.text[],
-	"scope" pg_catalog.text DEFAULT 'default'
-) RETURNS SETOF pg_catalog.text
+-- The library's new functions.
+CREATE  FUNCTION "try_claim_many"(
+	"job_ids" TEXT[],
+	"scope" TEXT DEFAULT 'default'
+) RETURNS SETOF TEXT
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'try_claim_many_text_wrapper';
-
-CREATE FUNCTION dedup.try_claim_many(
-	"job_ids" pg_catalog.int8[],
-	"scope" pg_catalog.text DEFAULT 'default'
-) RETURNS SETOF pg_catalog.int8
+CREATE  FUNCTION "try_claim_many"(
+	"job_ids" bigint[],
+	"scope" TEXT DEFAULT 'default'
+) RETURNS SETOF bigint
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'try_claim_many_bigint_wrapper';
-
-CREATE FUNCTION dedup.try_claim_many(
-	"job_ids" pg_catalog.uuid[],
-	"scope" pg_catalog.text DEFAULT 'default'
-) RETURNS SETOF pg_catalog.uuid
+CREATE  FUNCTION "try_claim_many"(
+	"job_ids" uuid[],
+	"scope" TEXT DEFAULT 'default'
+) RETURNS SETOF uuid
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'try_claim_many_uuid_wrapper';
-
-COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text) IS
-'Claim a batch of jobs for the current transaction: the ids claimed now (each once, in array order); the others were done or claimed before. Claims in key order, so overlapping batches never deadlock each other. At most 10000 ids.';
 COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.int8[], pg_catalog.text) IS
 'dedup.try_claim_many for bigint job ids (the same jobs as their decimal text).';
+COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.text[], pg_catalog.text) IS
+'Claim a batch of jobs for the current transaction: the ids claimed now (each once, in array order); the others were done or claimed before. Claims in key order, so overlapping batches never deadlock each other. At most 10000 ids.';
 COMMENT ON FUNCTION dedup.try_claim_many(pg_catalog.uuid[], pg_catalog.text) IS
 'dedup.try_claim_many for uuid job ids (the same jobs as their canonical text).';
-
-CREATE FUNCTION dedup._try_claim_many_fp(
-	"job_ids" pg_catalog.text[],
-	"scope" pg_catalog.text,
-	"fingerprints" pg_catalog.text[]
+CREATE  FUNCTION "_try_claim_many_fp"(
+	"job_ids" TEXT[],
+	"scope" TEXT,
+	"fingerprints" TEXT[]
 ) RETURNS TABLE (
-	"job_id" pg_catalog.text,
-	"mismatch" pg_catalog.bool
+	"job_id" TEXT,
+	"mismatch" bool
 )
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'try_claim_many_fingerprint_wrapper';
-
-CREATE FUNCTION dedup._check_offset(
-	"func" pg_catalog.text,
-	"stream" pg_catalog.text,
-	"partition" pg_catalog.int4,
-	"position" pg_catalog.int8
+CREATE  FUNCTION "_check_offset"(
+	"func" TEXT,
+	"stream" TEXT,
+	"partition" INT,
+	"position" bigint
 ) RETURNS void
 VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'check_offset_wrapper';
-
-CREATE FUNCTION dedup._claim_result(
-	"job_id" pg_catalog.text,
-	"scope" pg_catalog.text
+CREATE  FUNCTION "_claim_result"(
+	"job_id" TEXT,
+	"scope" TEXT
 ) RETURNS TABLE (
-	"result" pg_catalog.jsonb,
-	"claimed_at" pg_catalog.timestamptz
+	"result" jsonb,
+	"claimed_at" timestamp with time zone
 )
 STABLE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'claim_result_row_wrapper';
-
-CREATE FUNCTION dedup._distributed() RETURNS pg_catalog.bool
+CREATE  FUNCTION "_distributed"() RETURNS bool
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'distributed_wrapper';
-
-CREATE FUNCTION dedup._written_here(
-	"rel" pg_catalog.oid,
-	"row" pg_catalog.tid
-) RETURNS pg_catalog.bool
+CREATE  FUNCTION "_written_here"(
+	"rel" oid,
+	"row" tid
+) RETURNS bool
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'written_here_wrapper';
-
-CREATE FUNCTION dedup._caller() RETURNS pg_catalog.text
+CREATE  FUNCTION "_caller"() RETURNS TEXT
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'caller_wrapper';
-
-CREATE FUNCTION dedup._count(
-	"scope" pg_catalog.text,
-	"event" pg_catalog.text,
-	"claimed_at" pg_catalog.timestamptz
+CREATE  FUNCTION "_count"(
+	"scope" TEXT,
+	"event" TEXT,
+	"claimed_at" timestamp with time zone
 ) RETURNS void
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'count_event_at_wrapper';
 
+-- dedup.stats_counters() has new columns: the view on it is made again below.
 DROP VIEW dedup.stats;
 DROP FUNCTION dedup.stats_counters();
-CREATE FUNCTION dedup.stats_counters() RETURNS TABLE (
-	"datname" pg_catalog.text,
-	"scope" pg_catalog.text,
-	"consumer" pg_catalog.text,
-	"claims" pg_catalog.int8,
-	"duplicates" pg_catalog.int8,
-	"busy" pg_catalog.int8,
-	"fingerprint_mismatches" pg_catalog.int8,
-	"last_claim_at" pg_catalog.timestamptz,
-	"last_duplicate_at" pg_catalog.timestamptz,
-	"late_duplicates" pg_catalog.int8,
-	"duplicate_age_sum" pg_catalog.interval,
-	"duplicate_age_max" pg_catalog.interval,
-	"duplicate_ages" pg_catalog.int8[],
-	"waits" pg_catalog.int8,
-	"wait_time" pg_catalog.interval,
-	"wait_max" pg_catalog.interval,
-	"batches" pg_catalog.int8,
-	"advances" pg_catalog.int8
+CREATE  FUNCTION "stats_counters"() RETURNS TABLE (
+	"datname" TEXT,
+	"scope" TEXT,
+	"consumer" TEXT,
+	"claims" bigint,
+	"duplicates" bigint,
+	"busy" bigint,
+	"fingerprint_mismatches" bigint,
+	"last_claim_at" timestamp with time zone,
+	"last_duplicate_at" timestamp with time zone,
+	"late_duplicates" bigint,
+	"duplicate_age_sum" interval,
+	"duplicate_age_max" interval,
+	"duplicate_ages" bigint[],
+	"waits" bigint,
+	"wait_time" interval,
+	"wait_max" interval,
+	"batches" bigint,
+	"advances" bigint
 )
 STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
@@ -128,37 +116,160 @@ REVOKE ALL ON FUNCTION dedup.stats_counters() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dedup.stats_counters() TO pg_monitor;
 COMMENT ON FUNCTION dedup.stats_counters() IS
     'The counters behind dedup.stats, for every database.';
+CREATE VIEW dedup.stats AS
+    SELECT c.datname, c.scope, c.consumer, c.claims, c.duplicates, c.busy, c.fingerprint_mismatches,
+           c.last_claim_at, c.last_duplicate_at,
+           p.rows_deleted AS rows_pruned, p.last_pass_at AS last_pruned_at,
+           e.claims AS live_claims_estimate,
+           c.late_duplicates, c.duplicate_age_max,
+           c.duplicate_age_sum OPERATOR(pg_catalog./) NULLIF(
+               (SELECT pg_catalog.sum(a) FROM pg_catalog.unnest(c.duplicate_ages) AS a), 0)::pg_catalog.float8
+               AS duplicate_age_avg,
+           c.duplicate_ages,
+           c.waits, c.wait_time, c.wait_max,
+           CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+                 AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
+                THEN dedup.retention(c.scope) END AS retention,
+           c.batches, c.advances
+      FROM dedup.stats_counters() AS c
+      LEFT JOIN dedup._prune_status AS p
+             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+            AND p.scope OPERATOR(pg_catalog.=) c.scope
+      LEFT JOIN dedup._live_claims_estimate() AS e
+             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+            AND e.scope OPERATOR(pg_catalog.=) c.scope;
+COMMENT ON VIEW dedup.stats IS
+    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; prune columns and retention for this database.';
+REVOKE ALL ON TABLE dedup.stats FROM PUBLIC;
+GRANT SELECT ON TABLE dedup.stats TO pg_monitor;
+REVOKE ALL ON FUNCTION dedup._count(pg_catalog.text, pg_catalog.text, pg_catalog.timestamptz) FROM PUBLIC;
 
--- dedup 0.6.0: scale-out on Citus (issue 13). sql/dedup--0.5.0--0.6.0.sql makes the same
--- changes for an upgrade (a test compares the two catalogs).
---
--- dedup.distribute() makes dedup.processed a Citus distributed table (by job_id) and
--- dedup.scope_retention a reference table. From then on every node's claims are
--- statements Citus routes to the job's shard (src/citus.rs), and each node's worker prunes
--- the shard placements it holds.
-
--- claim_result reads through dedup._claim_result: as the owner on PostgreSQL, as the caller
--- on Citus (whose connections are per role: a shard this transaction wrote as the caller
--- cannot be read as another role in the same transaction).
-CREATE OR REPLACE FUNCTION dedup.claim_result(
-    job_id pg_catalog.text,
-    scope  pg_catalog.text DEFAULT 'default',
+-- Leases and stored results on Citus, and the claim's time for the duplicate ages.
+-- A lease, in a short transaction of its own before an external effect. Its one statement
+-- has a second form for a claim table Citus distributes: Citus accepts no volatile function
+-- in the WHERE of an ON CONFLICT or an UPDATE of a distributed table, so there the time is
+-- read into a variable just before the statement (a wait for a row lock then comes after
+-- it); on one server the statement reads clock_timestamp() itself. complete and
+-- extend_lease do the same. A done or busy call passes the time of the claim it found to
+-- dedup._count, for the duplicate ages of dedup.stats.
+CREATE OR REPLACE FUNCTION dedup.lease(
+    job_id      pg_catalog.text,
+    scope       pg_catalog.text DEFAULT 'default',
+    duration    pg_catalog.interval DEFAULT NULL,
+    fingerprint pg_catalog.text DEFAULT NULL,
+    OUT status     pg_catalog.text,
+    OUT lease_id   pg_catalog.uuid,
+    OUT expires_at pg_catalog.timestamptz,
     OUT result     pg_catalog.jsonb,
     OUT claimed_at pg_catalog.timestamptz)
-RETURNS SETOF record
-LANGUAGE sql STABLE PARALLEL RESTRICTED SECURITY DEFINER
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.result, r.claimed_at FROM dedup._claim_result(job_id, scope) AS r
-$$;
-REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+DECLARE
+    d     interval;
+    held  dedup.processed;
+    t     timestamptz;
+BEGIN
+    -- (loads the library, and with it the setting dedup.lease_duration)
+    PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
+    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
+    IF d <= interval '0' THEN
+        PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
+                             'Pass how long the external effect may take, e.g. ''30 seconds''.');
+    END IF;
+    IF d > dedup.retention(scope) THEN
+        PERFORM dedup._raise('22023',
+            format('dedup.lease: a lease of %s is longer than the retention of scope %L (%s)', d, scope,
+                   dedup.retention(scope)),
+            'A lease must end before its claim could be pruned: shorten the lease, extend it while '
+            'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
+    END IF;
 
--- complete and extend_lease as in 0.5.0, plus a second form of their one statement for a
--- claim table Citus distributes: Citus accepts no volatile function in the WHERE of an ON
--- CONFLICT or an UPDATE of a distributed table, so there the time is read into a variable
--- just before the statement (a wait for a row lock then comes after it). On one server the
--- statements are exactly 0.5.0's. dedup.lease gets the same second form in
--- sql/operations.sql, which also makes it pass the claim's time to dedup._count.
+    -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
+    -- statement, so one caller wins. Otherwise the row stays locked until we commit.
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < t
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    ELSE
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < clock_timestamp()
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    END IF;
+    IF FOUND THEN
+        status := 'acquired';
+        PERFORM dedup._count(scope, status);
+        RETURN;
+    END IF;
+
+    SELECT * INTO STRICT held FROM dedup.processed AS p
+     WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
+    IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
+        PERFORM dedup._count(scope, 'fingerprint_mismatch');
+        PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
+    END IF;
+    claimed_at := held.processed_at;
+    IF held.lease_expires_at IS NULL THEN
+        status := 'done';
+        result := held.result;
+    ELSE
+        status := 'busy';
+        expires_at := held.lease_expires_at;
+    END IF;
+    PERFORM dedup._count(scope, status, claimed_at);
+END
+$$;
+COMMENT ON FUNCTION dedup.lease(pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.text) IS
+'Lease a job before an external effect: status acquired (you hold it until expires_at), done (skip it; here is its result) or busy (leave the message unacknowledged).';
+
+-- The holder's lease on a job: held (or expired but not taken over) and not yet done.
+-- Raises YD002 otherwise, saying what happened to it: a lease_id that is not the holder's
+-- is not reported as one that expired, and a job never leased says so.
+CREATE OR REPLACE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held dedup.processed;
+BEGIN
+    SELECT * INTO held FROM dedup.processed AS p WHERE p.job_id = _lease_lost.job_id AND p.scope = _lease_lost.scope;
+    RETURN dedup._raise('YD002',
+        format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
+            CASE
+                WHEN NOT FOUND THEN 'there is no lease on the job (never leased, released, or pruned)'
+                WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
+                    THEN 'the job is done, by another claim'
+                WHEN held.lease_id IS DISTINCT FROM lease_id
+                    THEN 'the job is leased under another lease_id (this one expired and another '
+                         'caller took the job over, or it is not the lease_id dedup.lease returned)'
+                ELSE 'the lease was completed already'
+            END),
+        'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
+        'the job''s idempotency key at the external system is what stops a repeat.');
+END
+$$;
+REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;
+
+-- A completed lease is done from its completion: retention counts from there. A NULL
+-- lease_id is named (22004) by complete, extend_lease and release_lease, instead of
+-- reported as a lost lease.
 CREATE OR REPLACE FUNCTION dedup.complete(
     job_id   pg_catalog.text,
     lease_id pg_catalog.uuid,
@@ -201,7 +312,10 @@ BEGIN
     END IF;
 END
 $$;
+COMMENT ON FUNCTION dedup.complete(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb, pg_catalog.text) IS
+'Mark a leased job done, with its result; raises YD002 if the lease is no longer held.';
 
+-- An extension longer than the scope's retention is refused, as a lease that long is.
 CREATE OR REPLACE FUNCTION dedup.extend_lease(
     job_id   pg_catalog.text,
     lease_id pg_catalog.uuid,
@@ -251,7 +365,54 @@ BEGIN
     RETURN until;
 END
 $$;
+COMMENT ON FUNCTION dedup.extend_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.interval, pg_catalog.text) IS
+'Extend a held lease (heartbeat); returns the new expiry; raises YD002 if it is no longer held.';
+CREATE OR REPLACE FUNCTION dedup.release_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    DELETE FROM dedup.processed AS p
+     WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
+       AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION dedup.release_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.text) IS
+'Give a held lease back after a failure, so a retry need not wait for it to expire.';
 
+-- For a job that is done: the result stored with it and when it was claimed. No row for a
+-- job that is not done (never claimed, leased and not completed, or pruned).
+-- It reads through dedup._claim_result: as the owner on PostgreSQL, as the caller on Citus
+-- (whose connections are per role: a shard this transaction wrote as the caller cannot be
+-- read as another role in the same transaction).
+CREATE OR REPLACE FUNCTION dedup.claim_result(
+    job_id pg_catalog.text,
+    scope  pg_catalog.text DEFAULT 'default',
+    OUT result     pg_catalog.jsonb,
+    OUT claimed_at pg_catalog.timestamptz)
+RETURNS SETOF record
+LANGUAGE sql STABLE PARALLEL RESTRICTED SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.result, r.claimed_at FROM dedup._claim_result(job_id, scope) AS r
+$$;
+COMMENT ON FUNCTION dedup.claim_result(pg_catalog.text, pg_catalog.text) IS
+'For a job that is done: the result stored with it and when it was claimed.';
+REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+
+-- Citus.
 CREATE FUNCTION dedup.distribute(
     colocate_with pg_catalog.text DEFAULT 'default',
     shard_count   pg_catalog.int4 DEFAULT NULL)
@@ -352,91 +513,6 @@ RETURNS TABLE (
     fingerprint_mismatches pg_catalog.int8,
     last_claim_at pg_catalog.timestamptz, last_duplicate_at pg_catalog.timestamptz,
     rows_pruned pg_catalog.int8, last_pruned_at pg_catalog.timestamptz,
-    live_claims_estimate pg_catalog.int8)
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    r record;
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
-        RAISE EXCEPTION USING ERRCODE = '55000',
-            MESSAGE = 'dedup.cluster_stats: Citus is not installed in this database',
-            HINT = 'On a single server, read dedup.stats.';
-    END IF;
-    FOR r IN EXECUTE $q$
-        SELECT n.nodename::pg_catalog.text AS nodename, n.nodeport, x.success, x.result
-          FROM pg_catalog.run_command_on_all_nodes(
-                   $c$SELECT COALESCE(pg_catalog.json_agg(s), '[]') FROM dedup.stats AS s$c$) AS x
-          JOIN pg_catalog.pg_dist_node AS n ON n.nodeid OPERATOR(pg_catalog.=) x.nodeid
-         ORDER BY n.nodeid $q$
-    LOOP
-        IF NOT r.success THEN
-            RAISE EXCEPTION USING ERRCODE = '58000',
-                MESSAGE = pg_catalog.format('dedup.cluster_stats: node %s:%s did not answer: %s',
-                                            r.nodename, r.nodeport, r.result),
-                HINT = 'Check that node, and that this role may read dedup.stats there (pg_monitor).';
-        END IF;
-        RETURN QUERY
-            SELECT r.nodename, r.nodeport, s.*
-              FROM pg_catalog.json_populate_recordset(NULL::dedup.stats, r.result::pg_catalog.json) AS s
-             ORDER BY s.datname, s.scope, s.consumer;
-    END LOOP;
-END
-$$;
-REVOKE ALL ON FUNCTION dedup.cluster_stats() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
-COMMENT ON FUNCTION dedup.cluster_stats() IS
-'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';
-
--- dedup 0.6.0: operating retention safely (issue 15). sql/dedup--0.5.0--0.6.0.sql makes the
--- same changes for an upgrade (a test compares the two catalogs).
---
--- dedup.stats gains the ages of the claims duplicates hit (largest, histogram, and the
--- copies past half their scope's retention) and the waits for concurrent holders;
--- dedup.table_health() reports live claims, the oldest claim and the last prune pass per
--- scope; dedup.forget() removes a done claim on purpose and leaves an audit row in
--- dedup.forgotten, which pruning keeps for the scope's retention.
-
--- The view, with stats_counters()'s new columns after the old ones.
-CREATE OR REPLACE VIEW dedup.stats AS
-    SELECT c.datname, c.scope, c.consumer, c.claims, c.duplicates, c.busy, c.fingerprint_mismatches,
-           c.last_claim_at, c.last_duplicate_at,
-           p.rows_deleted AS rows_pruned, p.last_pass_at AS last_pruned_at,
-           e.claims AS live_claims_estimate,
-           c.late_duplicates, c.duplicate_age_max,
-           c.duplicate_age_sum OPERATOR(pg_catalog./) NULLIF(
-               (SELECT pg_catalog.sum(a) FROM pg_catalog.unnest(c.duplicate_ages) AS a), 0)::pg_catalog.float8
-               AS duplicate_age_avg,
-           c.duplicate_ages,
-           c.waits, c.wait_time, c.wait_max,
-           CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
-                 AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
-                THEN dedup.retention(c.scope) END AS retention,
-           c.batches, c.advances
-      FROM dedup.stats_counters() AS c
-      LEFT JOIN dedup._prune_status AS p
-             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
-            AND p.scope OPERATOR(pg_catalog.=) c.scope
-      LEFT JOIN dedup._live_claims_estimate() AS e
-             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
-            AND e.scope OPERATOR(pg_catalog.=) c.scope;
-COMMENT ON VIEW dedup.stats IS
-    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; prune columns and retention for this database.';
-REVOKE ALL ON TABLE dedup.stats FROM PUBLIC;
-GRANT SELECT ON TABLE dedup.stats TO pg_monitor;
-
--- cluster_stats() returns dedup.stats's columns: made again with the new ones.
-DROP FUNCTION dedup.cluster_stats();
-CREATE FUNCTION dedup.cluster_stats()
-RETURNS TABLE (
-    nodename pg_catalog.text, nodeport pg_catalog.int4,
-    datname pg_catalog.text, scope pg_catalog.text, consumer pg_catalog.text,
-    claims pg_catalog.int8, duplicates pg_catalog.int8, busy pg_catalog.int8,
-    fingerprint_mismatches pg_catalog.int8,
-    last_claim_at pg_catalog.timestamptz, last_duplicate_at pg_catalog.timestamptz,
-    rows_pruned pg_catalog.int8, last_pruned_at pg_catalog.timestamptz,
     live_claims_estimate pg_catalog.int8,
     late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
     duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
@@ -479,94 +555,7 @@ GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
 COMMENT ON FUNCTION dedup.cluster_stats() IS
 'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';
 
--- dedup.lease as in 0.5.0, plus the second form of its statement for a claim table Citus
--- distributes (the time read into a variable first, as complete and extend_lease do in
--- sql/citus.sql), and passing the time of the claim a done or busy call found, for the
--- duplicate ages.
-CREATE OR REPLACE FUNCTION dedup.lease(
-    job_id      pg_catalog.text,
-    scope       pg_catalog.text DEFAULT 'default',
-    duration    pg_catalog.interval DEFAULT NULL,
-    fingerprint pg_catalog.text DEFAULT NULL,
-    OUT status     pg_catalog.text,
-    OUT lease_id   pg_catalog.uuid,
-    OUT expires_at pg_catalog.timestamptz,
-    OUT result     pg_catalog.jsonb,
-    OUT claimed_at pg_catalog.timestamptz)
-RETURNS record
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    d     interval;
-    held  dedup.processed;
-    t     timestamptz;
-BEGIN
-    -- (loads the library, and with it the setting dedup.lease_duration)
-    PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
-    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
-    IF d <= interval '0' THEN
-        PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
-                             'Pass how long the external effect may take, e.g. ''30 seconds''.');
-    END IF;
-    IF d > dedup.retention(scope) THEN
-        PERFORM dedup._raise('22023',
-            format('dedup.lease: a lease of %s is longer than the retention of scope %L (%s)', d, scope,
-                   dedup.retention(scope)),
-            'A lease must end before its claim could be pruned: shorten the lease, extend it while '
-            'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
-    END IF;
-
-    -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
-    -- statement, so one caller wins. Otherwise the row stays locked until we commit.
-    IF dedup._distributed() THEN
-        t := clock_timestamp();
-        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
-        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-            SET processed_at = excluded.processed_at,
-                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-                lease_id = excluded.lease_id,
-                lease_expires_at = excluded.lease_expires_at
-            WHERE p.lease_expires_at < t
-              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
-    ELSE
-        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
-        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-            SET processed_at = excluded.processed_at,
-                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-                lease_id = excluded.lease_id,
-                lease_expires_at = excluded.lease_expires_at
-            WHERE p.lease_expires_at < clock_timestamp()
-              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
-    END IF;
-    IF FOUND THEN
-        status := 'acquired';
-        PERFORM dedup._count(scope, status);
-        RETURN;
-    END IF;
-
-    SELECT * INTO STRICT held FROM dedup.processed AS p
-     WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
-    IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
-        PERFORM dedup._count(scope, 'fingerprint_mismatch');
-        PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
-    END IF;
-    claimed_at := held.processed_at;
-    IF held.lease_expires_at IS NULL THEN
-        status := 'done';
-        result := held.result;
-    ELSE
-        status := 'busy';
-        expires_at := held.lease_expires_at;
-    END IF;
-    PERFORM dedup._count(scope, status, claimed_at);
-END
-$$;
-
+-- Operating retention: table_health, forget and its audit table, the horizons.
 -- Live claims, the oldest claim and the last prune pass, per scope. Estimated from the
 -- planner's statistics (cheap; the oldest claim is the table's, from its last ANALYZE), or
 -- counted exactly (a scan of the whole table) with exact => true.
@@ -674,69 +663,15 @@ AS $$ SELECT dedup.forget(job_id::pg_catalog.text, scope) $$;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
-REVOKE ALL ON FUNCTION dedup._count(pg_catalog.text, pg_catalog.text, pg_catalog.timestamptz) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) IS
 'Remove the claim of a done job so that it runs again (after a bug fix); refuses a running lease (55006). Returns whether a claim was removed; every call leaves a row in dedup.forgotten. Not granted to PUBLIC.';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) IS
 'dedup.forget for a bigint job id (its decimal text).';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) IS
 'dedup.forget for a uuid job id (its canonical text).';
+REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
 
--- A NULL lease_id is named (22004) by release_lease too, as by complete and extend_lease,
--- instead of reported as a lost lease; and a lease_id that is not the holder's is not
--- reported as one that expired, and a job never leased says so (found writing
--- docs/reference/, issue 16).
-CREATE OR REPLACE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
-RETURNS pg_catalog.bool
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    held dedup.processed;
-BEGIN
-    SELECT * INTO held FROM dedup.processed AS p WHERE p.job_id = _lease_lost.job_id AND p.scope = _lease_lost.scope;
-    RETURN dedup._raise('YD002',
-        format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
-            CASE
-                WHEN NOT FOUND THEN 'there is no lease on the job (never leased, released, or pruned)'
-                WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
-                    THEN 'the job is done, by another claim'
-                WHEN held.lease_id IS DISTINCT FROM lease_id
-                    THEN 'the job is leased under another lease_id (this one expired and another '
-                         'caller took the job over, or it is not the lease_id dedup.lease returned)'
-                ELSE 'the lease was completed already'
-            END),
-        'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
-        'the job''s idempotency key at the external system is what stops a repeat.');
-END
-$$;
-
-CREATE OR REPLACE FUNCTION dedup.release_lease(
-    job_id   pg_catalog.text,
-    lease_id pg_catalog.uuid,
-    scope    pg_catalog.text DEFAULT 'default')
-RETURNS void
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
-    IF lease_id IS NULL THEN
-        PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
-                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
-    END IF;
-    DELETE FROM dedup.processed AS p
-     WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
-       AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
-    IF NOT FOUND THEN
-        PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
-    END IF;
-END
-$$;
-
--- dedup 0.6.0: a claim is kept its retention from when it became visible (issue 24,
--- finding 5). sql/dedup--0.5.0--0.6.0.sql makes the same changes for an upgrade.
+-- A claim is kept its retention from when it became visible.
 --
 -- A claim's processed_at is its transaction's start, which is all a row can know of
 -- itself: a transaction (or a prepared one, Citus's included) that lasts longer than the
@@ -839,19 +774,12 @@ $$;
 REVOKE ALL ON FUNCTION dedup._horizon(pg_catalog.timestamptz) FROM PUBLIC;
 
 -- Where the worker's last pass over all scopes stopped when its share of time ran out
--- (issue 24, finding 6: a database is visited at most a minute, or one prune interval if
--- shorter, at a time, and the next visit goes on from there); NULL after a whole pass.
+-- (sql/retention.sql, dedup._prune_status).
 ALTER TABLE dedup._prune_status
     ADD COLUMN resume_target pg_catalog.text,
     ADD COLUMN resume_block  pg_catalog.int8;
 
--- dedup 0.6.0: offsets per partition, and try_claim_many with fingerprints (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
--- changes for an upgrade (a test compares the two catalogs).
---
--- For an ordered, partitioned log (Kafka, Redis Streams, Kinesis) the cheapest exact record
--- of what was done is one position per partition, raised in the transaction of the effects:
--- one row per (stream, partition), nothing to prune.
-
+-- Offsets per partition, and try_claim_many with fingerprints.
 CREATE TABLE dedup.offsets (
     stream      pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
     partition   pg_catalog.int4 NOT NULL,

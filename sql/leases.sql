@@ -1,25 +1,5 @@
--- dedup 0.3.0: external effects. Leases with a done marker, stored results, payload
--- fingerprints. (sql/dedup--0.2.0--0.3.0.sql creates the same objects for an upgrade.)
---
--- One table for claims and leases. A row's state follows from its lease columns:
---   lease_expires_at IS NULL      done: a try_claim claim, or a completed lease (lease_id kept)
---   lease_expires_at IS NOT NULL  a lease, live until lease_expires_at, then free to take over
--- Pruning deletes done rows and expired leases older than their retention, never a live lease.
-
-ALTER TABLE dedup.processed
-    ADD COLUMN fingerprint      pg_catalog.text COLLATE pg_catalog."C",
-    ADD COLUMN result           pg_catalog.jsonb,
-    ADD COLUMN lease_id         pg_catalog.uuid,
-    ADD COLUMN lease_expires_at pg_catalog.timestamptz;
-
-COMMENT ON COLUMN dedup.processed.fingerprint IS
-    'The payload fingerprint the job was first claimed with, if any.';
-COMMENT ON COLUMN dedup.processed.result IS
-    'The result stored with the job (dedup.set_result, dedup.complete), for dedup.claim_result.';
-COMMENT ON COLUMN dedup.processed.lease_id IS
-    'The lease that holds or completed the job (dedup.lease); NULL for a try_claim claim.';
-COMMENT ON COLUMN dedup.processed.lease_expires_at IS
-    'Until when the lease holds the job; NULL once done.';
+-- dedup's leases, stored results and payload fingerprints: the functions for an effect no
+-- transaction spans (a lease with a done marker) and for the answer a later copy gets.
 
 -- Raises dedup's own errors, whose SQLSTATEs only PL/pgSQL can set:
 --   YD001 the job was claimed with another payload fingerprint
@@ -34,9 +14,11 @@ BEGIN
 END
 $$;
 
+-- YD001 for every caller: this function runs as its owner, who may call dedup._raise (not
+-- granted to PUBLIC). It raises the error and does nothing else.
 CREATE FUNCTION dedup._fingerprint_mismatch(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE sql VOLATILE PARALLEL SAFE
+LANGUAGE sql VOLATILE PARALLEL SAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT dedup._raise('YD001',
@@ -73,7 +55,13 @@ AS $$
                     dedup._fingerprint_mismatch('dedup.try_claim', job_id::pg_catalog.text, scope))
 $$;
 
--- A lease, in a short transaction of its own before an external effect.
+-- A lease, in a short transaction of its own before an external effect. Its one statement
+-- has a second form for a claim table Citus distributes: Citus accepts no volatile function
+-- in the WHERE of an ON CONFLICT or an UPDATE of a distributed table, so there the time is
+-- read into a variable just before the statement (a wait for a row lock then comes after
+-- it); on one server the statement reads clock_timestamp() itself. complete and
+-- extend_lease do the same. A done or busy call passes the time of the claim it found to
+-- dedup._count, for the duplicate ages of dedup.stats.
 CREATE FUNCTION dedup.lease(
     job_id      pg_catalog.text,
     scope       pg_catalog.text DEFAULT 'default',
@@ -91,6 +79,7 @@ AS $$
 DECLARE
     d     interval;
     held  dedup.processed;
+    t     timestamptz;
 BEGIN
     -- (loads the library, and with it the setting dedup.lease_duration)
     PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
@@ -109,24 +98,40 @@ BEGIN
 
     -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
     -- statement, so one caller wins. Otherwise the row stays locked until we commit.
-    INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
-    VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
-    ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
-        SET processed_at = excluded.processed_at,
-            fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
-            lease_id = excluded.lease_id,
-            lease_expires_at = excluded.lease_expires_at
-        WHERE p.lease_expires_at < clock_timestamp()
-          AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
-    RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < t
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    ELSE
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < clock_timestamp()
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    END IF;
     IF FOUND THEN
         status := 'acquired';
+        PERFORM dedup._count(scope, status);
         RETURN;
     END IF;
 
     SELECT * INTO STRICT held FROM dedup.processed AS p
      WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
     IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
+        PERFORM dedup._count(scope, 'fingerprint_mismatch');
         PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
     END IF;
     claimed_at := held.processed_at;
@@ -137,11 +142,13 @@ BEGIN
         status := 'busy';
         expires_at := held.lease_expires_at;
     END IF;
+    PERFORM dedup._count(scope, status, claimed_at);
 END
 $$;
 
 -- The holder's lease on a job: held (or expired but not taken over) and not yet done.
--- Raises YD002 otherwise, saying what happened to it.
+-- Raises YD002 otherwise, saying what happened to it: a lease_id that is not the holder's
+-- is not reported as one that expired, and a job never leased says so.
 CREATE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
@@ -154,11 +161,12 @@ BEGIN
     RETURN dedup._raise('YD002',
         format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
             CASE
-                WHEN NOT FOUND THEN 'there is no lease on the job (released, or pruned)'
+                WHEN NOT FOUND THEN 'there is no lease on the job (never leased, released, or pruned)'
                 WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
                     THEN 'the job is done, by another claim'
                 WHEN held.lease_id IS DISTINCT FROM lease_id
-                    THEN 'it expired and another caller took the job over'
+                    THEN 'the job is leased under another lease_id (this one expired and another '
+                         'caller took the job over, or it is not the lease_id dedup.lease returned)'
                 ELSE 'the lease was completed already'
             END),
         'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
@@ -166,6 +174,9 @@ BEGIN
 END
 $$;
 
+-- A completed lease is done from its completion: retention counts from there. A NULL
+-- lease_id is named (22004) by complete, extend_lease and release_lease, instead of
+-- reported as a lost lease.
 CREATE FUNCTION dedup.complete(
     job_id   pg_catalog.text,
     lease_id pg_catalog.uuid,
@@ -175,16 +186,28 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    t timestamptz;
 BEGIN
     PERFORM dedup._check_claim('dedup.complete', job_id, scope, NULL);
     IF lease_id IS NULL THEN
         PERFORM dedup._raise('22004', 'dedup.complete: lease_id must not be NULL',
                              'Pass the lease_id that dedup.lease returned with status ''acquired''.');
     END IF;
-    UPDATE dedup.processed AS p
-       SET lease_expires_at = NULL, result = complete.result
-     WHERE p.job_id = complete.job_id AND p.scope = complete.scope
-       AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    -- Done from now on: processed_at becomes the moment the job was done, which retention
+    -- counts from, so it stays done for its scope's whole retention after this.
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = t
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    ELSE
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = clock_timestamp()
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    END IF;
     IF NOT FOUND THEN
         -- Completing twice with the same lease is a no-op: the first result stays.
         PERFORM FROM dedup.processed AS p
@@ -197,6 +220,7 @@ BEGIN
 END
 $$;
 
+-- An extension longer than the scope's retention is refused, as a lease that long is.
 CREATE FUNCTION dedup.extend_lease(
     job_id   pg_catalog.text,
     lease_id pg_catalog.uuid,
@@ -209,17 +233,37 @@ AS $$
 DECLARE
     d     interval;
     until timestamptz;
+    t     timestamptz;
 BEGIN
     PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
     d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
     IF d <= interval '0' THEN
         PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),
                              'Pass how much longer the external effect may take.');
     END IF;
-    UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
-     WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
-       AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
-    RETURNING p.lease_expires_at INTO until;
+    IF d > dedup.retention(scope) THEN
+        PERFORM dedup._raise('22023',
+            format('dedup.extend_lease: an extension of %s is longer than the retention of scope %L (%s)',
+                   d, scope, dedup.retention(scope)),
+            'A lease must end before its claim could be pruned: extend it by less and more often, '
+            'or lengthen the retention (dedup.set_retention).');
+    END IF;
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p SET lease_expires_at = t + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    ELSE
+        UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    END IF;
     IF NOT FOUND THEN
         PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
     END IF;
@@ -237,6 +281,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
     DELETE FROM dedup.processed AS p
      WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
        AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
@@ -248,19 +296,21 @@ $$;
 
 -- For a job that is done: the result stored with it and when it was claimed. No row for a
 -- job that is not done (never claimed, leased and not completed, or pruned).
+-- It reads through dedup._claim_result: as the owner on PostgreSQL, as the caller on Citus
+-- (whose connections are per role: a shard this transaction wrote as the caller cannot be
+-- read as another role in the same transaction).
 CREATE FUNCTION dedup.claim_result(
     job_id pg_catalog.text,
     scope  pg_catalog.text DEFAULT 'default',
     OUT result     pg_catalog.jsonb,
     OUT claimed_at pg_catalog.timestamptz)
 RETURNS SETOF record
-LANGUAGE sql STABLE PARALLEL SAFE SECURITY DEFINER
+LANGUAGE sql STABLE PARALLEL RESTRICTED SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT p.result, p.processed_at FROM dedup.processed AS p
-     WHERE p.job_id = claim_result.job_id AND p.scope = claim_result.scope
-       AND p.lease_expires_at IS NULL
+    SELECT r.result, r.claimed_at FROM dedup._claim_result(job_id, scope) AS r
 $$;
+REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
 REVOKE ALL ON FUNCTION dedup._raise(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;

@@ -1,5 +1,4 @@
--- dedup 0.6.0: offsets per partition, and try_claim_many with fingerprints (issue 14). sql/dedup--0.5.0--0.6.0.sql makes the same
--- changes for an upgrade (a test compares the two catalogs).
+-- dedup's offsets per partition, and try_claim_many with payload fingerprints.
 --
 -- For an ordered, partitioned log (Kafka, Redis Streams, Kinesis) the cheapest exact record
 -- of what was done is one position per partition, raised in the transaction of the effects:

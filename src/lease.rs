@@ -77,7 +77,8 @@ fn set_result(
     }
     // A row this transaction wrote is stamped with this transaction's start or later: a
     // claim older than that whose 32-bit xmin is ours (a claim kept for 2^32 transactions,
-    // an epoch ago) is not this transaction's (issue 24, finding 12).
+    // an epoch ago) is not this transaction's, which must not store a result for a job it
+    // never claimed (crash::set_result_refuses_a_claim_of_an_earlier_epoch).
     let found = Spi::get_three_with_args::<String, bool, bool>(
         "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL, \
                 p.processed_at OPERATOR(pg_catalog.>=) pg_catalog.now() \
@@ -156,16 +157,3 @@ pub(crate) fn claim_result_row(
     .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: {e}"));
     TableIterator::new(rows)
 }
-
-// 0.3.0: the lease functions, try_claim with a fingerprint, claim_result.
-extension_sql_file!(
-    "../sql/leases.sql",
-    name = "leases",
-    requires = [
-        "retention",
-        claim::try_claim_fingerprint,
-        check_claim,
-        set_result,
-        prune::retention
-    ]
-);

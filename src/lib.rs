@@ -16,50 +16,56 @@ mod worker;
 
 ::pgrx::pg_module_magic!(name, version);
 
-// The managed table and its privileges; runs before any function is created.
-extension_sql_file!("../sql/bootstrap.sql", name = "bootstrap", bootstrap);
-// 0.2.0: per-scope retention and the record of prune passes.
+// The SQL files of sql/, one per concern, each object's current definition once, in the
+// order CREATE EXTENSION runs them (each requires the one before it, and the functions of
+// src/ its statements name). upgrade::a_fresh_install_creates_each_object_once holds this.
+
+// The schema's check and the claim table; runs before any function is created.
+extension_sql_file!("../sql/claims.sql", name = "claims", bootstrap);
+// Leases, stored results, payload fingerprints.
+extension_sql_file!(
+    "../sql/leases.sql",
+    name = "leases",
+    requires = [
+        "claims",
+        claim::try_claim_fingerprint,
+        lease::check_claim,
+        lease::set_result,
+        lease::claim_result_row,
+        prune::retention
+    ]
+);
+// Per-scope retention, prune passes and horizons, table_health, forget.
 extension_sql_file!(
     "../sql/retention.sql",
     name = "retention",
-    requires = ["bootstrap"]
+    requires = ["leases", prune::caller]
 );
-
-// 0.5.0: hardening (issue 11): leases done from their completion, prune_status.overdue,
-// YD001 for every caller. Runs after every earlier version's objects exist.
+// The view dedup.stats over the library's counters.
 extension_sql_file!(
-    "../sql/hardening.sql",
-    name = "hardening",
-    requires = ["stats"]
+    "../sql/stats.sql",
+    name = "stats",
+    requires = [
+        "retention",
+        stats::stats_counters,
+        stats::stats_info,
+        stats::stats_reset,
+        stats::count_event,
+        stats::count_event_at
+    ]
 );
-
-// 0.6.0: Citus (issue 13): dedup.distribute(), dedup.cluster_stats(), claim_result through
-// dedup._claim_result.
+// dedup.distribute() and dedup.cluster_stats().
 extension_sql_file!(
     "../sql/citus.sql",
     name = "citus",
-    requires = [
-        "hardening",
-        "leases",
-        lease::claim_result_row,
-        citus::distributed
-    ]
+    requires = ["stats", citus::distributed]
 );
-
-// 0.6.0: operating retention (issue 15): the duplicate ages and waits in dedup.stats,
-// dedup.table_health(), dedup.forget() and its audit table.
-extension_sql_file!(
-    "../sql/operations.sql",
-    name = "operations",
-    requires = ["citus", "stats", prune::caller, stats::count_event_at]
-);
-
-// 0.6.0: offsets per partition (issue 14): dedup.offsets, dedup.advance, dedup.position.
+// Offsets per partition, and try_claim_many with fingerprints.
 extension_sql_file!(
     "../sql/offsets.sql",
     name = "offsets",
     requires = [
-        "operations",
+        "citus",
         batch::check_offset,
         batch::try_claim_many_fingerprint
     ]

@@ -631,9 +631,9 @@ unsafe fn scope_retention(scope: &str) -> Option<f64> {
 /// The entry for `key` and its generation, added if missing; the overflow entry when the
 /// table is full. One hash lookup, or two and an insertion: never a scan. The exclusive
 /// lock is taken only when the key is missing and the table has room for it: a full table
-/// is seen under the shared lock (issue 24, finding 11: a stream of new names, each taking
-/// the lock exclusively, queued behind every reader of dedup.stats, and every other lookup
-/// behind them).
+/// is seen under the shared lock: otherwise a stream of new names, each taking the lock
+/// exclusively, would queue behind every reader of dedup.stats, and every other lookup
+/// behind them (stats::a_full_counter_table_is_never_locked_exclusively).
 ///
 /// # Safety
 ///
@@ -1337,19 +1337,6 @@ pub(crate) fn count_event_at(
     count(scope, event);
 }
 
-// 0.4.0: the view dedup.stats, and dedup.lease counting its outcomes.
-extension_sql_file!(
-    "../sql/stats.sql",
-    name = "stats",
-    requires = [
-        "leases",
-        stats_counters,
-        stats_info,
-        stats_reset,
-        count_event
-    ]
-);
-
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -1374,8 +1361,8 @@ mod tests {
         .to_vec()
     }
 
-    /// Issue 11, finding 8: two keys for the same database, scope and consumer are the same
-    /// bytes, whatever was on the stack before (no uninitialised padding is hashed).
+    /// Two keys for the same database, scope and consumer are the same bytes, whatever was
+    /// on the stack before (no uninitialised padding is hashed).
     #[pg_test]
     fn equal_keys_are_equal_bytes() {
         dirty_stack(0xAA);

@@ -149,6 +149,8 @@ const TESTS: &[(&str, TestFn)] = tests![
     operations::a_counter_file_of_the_previous_format_is_read,
     operations::batches_and_advances_are_counted,
     upgrade::upgrade_from_oldest_version_keeps_claims,
+    upgrade::a_fresh_install_creates_each_object_once,
+    upgrade::the_newest_upgrade_script_is_what_its_recipe_makes,
     upgrade::pg_upgrade_from_an_older_major_keeps_everything,
     logical::blue_green_switch_keeps_every_claim,
     versions::one_version_everywhere,

@@ -356,7 +356,7 @@ pub(crate) fn bindir_of(pg_config: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
-/// `pg_upgrade` from an older major to this one (issue 29): from the oldest and from the
+/// `pg_upgrade` from an older major to this one: from the oldest and from the
 /// latest of the majors this run tested before (`DEDUP_UPGRADE_FROM`, which scripts/test.sh
 /// sets; dedup of this build is installed in each). Claims, fingerprints, a stored result,
 /// a lease, an offset, a scope retention and a forgotten job's audit row are all there
@@ -483,6 +483,147 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
         drop(n);
         drop(new);
         drop(old);
+    }
+    Ok(())
+}
+
+/// A fresh `CREATE EXTENSION` makes each object of dedup with exactly one statement: no
+/// function, view or table is created and then replaced, no object is dropped, and no table
+/// gains a column after it was made. What it counts is what PostgreSQL reports to an event
+/// trigger for each command of the install script pgrx generates from `sql/` and `src/`, so
+/// a definition replayed from an older release (the way 0.6.0's fresh install once made
+/// `dedup.lease` three times) fails here. The one ALTER allowed is a property no CREATE can
+/// state: `dedup.forgotten`'s replica identity.
+pub async fn a_fresh_install_creates_each_object_once(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    let db = format!("{}_fresh", ctx.db);
+    c.batch_execute(&format!("CREATE DATABASE {db}")).await?;
+    let f = dedup_pg_test::connect(&ctx.cluster.dsn(&db)).await?;
+    f.batch_execute(
+        "CREATE TABLE public.ddl_log (n serial, tag text, kind text, identity text);
+         CREATE FUNCTION public.log_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.ddl_log (tag, kind, identity)
+             SELECT d.command_tag, d.object_type, d.object_identity
+               FROM pg_event_trigger_ddl_commands() AS d WHERE d.in_extension;
+         END $$;
+         CREATE FUNCTION public.log_drop() RETURNS event_trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.ddl_log (tag, kind, identity)
+             SELECT 'DROP', d.object_type, d.object_identity FROM pg_event_trigger_dropped_objects() AS d;
+         END $$;
+         CREATE EVENT TRIGGER log_ddl ON ddl_command_end EXECUTE FUNCTION public.log_ddl();
+         CREATE EVENT TRIGGER log_drop ON sql_drop EXECUTE FUNCTION public.log_drop();
+         CREATE EXTENSION dedup;
+         DROP EVENT TRIGGER log_ddl;
+         DROP EVENT TRIGGER log_drop;",
+    )
+    .await?;
+    let made: i64 = f
+        .query_one(
+            "SELECT count(DISTINCT identity) FROM public.ddl_log WHERE tag LIKE 'CREATE %'",
+            &[],
+        )
+        .await?
+        .get(0);
+    // The event trigger saw the install: every function of the API at least.
+    let functions: i64 = f
+        .query_one(
+            "SELECT count(*) FROM pg_depend d JOIN pg_extension e ON d.refobjid = e.oid
+              WHERE e.extname = 'dedup' AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(
+        made >= functions && functions > 30,
+        true,
+        &format!("objects the install created ({made}), at least its {functions} functions"),
+    )?;
+    let twice: Vec<String> = f
+        .query(
+            "SELECT kind || ' ' || identity || ': ' || string_agg(tag, ', ' ORDER BY n)
+               FROM public.ddl_log WHERE tag LIKE 'CREATE %' AND identity IS NOT NULL
+              GROUP BY kind, identity HAVING count(*) > 1 ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        twice,
+        Vec::<String>::new(),
+        "objects created more than once",
+    )?;
+    let changed: Vec<String> = f
+        .query(
+            "SELECT tag || ' ' || kind || ' ' || coalesce(identity, '?') FROM public.ddl_log
+              WHERE tag = 'DROP' OR (tag LIKE 'ALTER %' AND identity IS DISTINCT FROM 'dedup.forgotten')
+              ORDER BY n",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        changed,
+        Vec::<String>::new(),
+        "objects dropped or altered after they were made",
+    )?;
+    drop(f);
+    c.batch_execute(&format!("DROP DATABASE {db}")).await?;
+    Ok(())
+}
+
+/// The upgrade script to the version this build makes, while that version is unreleased, is
+/// exactly what its recipe (`sql/upgrade/NEW.sql`) makes from the concern files of `sql/`
+/// and the install script pgrx generated for this build: nobody wrote it by pasting, and a
+/// definition changed in its concern file reaches the upgrade. A released script never
+/// changes, so its recipe is not run again.
+pub async fn the_newest_upgrade_script_is_what_its_recipe_makes(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    let current: String = c
+        .query_one(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'dedup'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let changelog = std::fs::read_to_string(repo.join("CHANGELOG.md"))?;
+    if !changelog.contains(&format!("\n## {current} (unreleased)")) {
+        return Err(dedup_pg_test::NotApplicable(format!(
+            "{current} is released: its upgrade script never changes, and its recipe is not run again"
+        ))
+        .into());
+    }
+    let recipe = repo.join(format!("sql/upgrade/{current}.sql"));
+    if !recipe.exists() {
+        bail!(
+            "{current} is unreleased and has no recipe {}: write it (CONTRIBUTING.md, Upgrade scripts) and make its script with scripts/upgrade-script.py",
+            recipe.display()
+        );
+    }
+    let sharedir = Command::new(dedup_pg_test::cluster::pg_config())
+        .arg("--sharedir")
+        .output()?;
+    let library = PathBuf::from(String::from_utf8(sharedir.stdout)?.trim())
+        .join(format!("extension/dedup--{current}.sql"));
+    let out = Command::new("python3")
+        .arg(repo.join("scripts/upgrade-script.py"))
+        .arg(&recipe)
+        .arg("--check")
+        .arg("--library")
+        .arg(&library)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
