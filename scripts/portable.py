@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the portable edition of dedup from the native install script.
 
-    python3 scripts/portable.py NATIVE_SCRIPT VERSION OUTDIR [--upgrade NATIVE_UPDATE_SCRIPT ...]
+    python3 scripts/portable.py NATIVE_SCRIPT VERSION OUTDIR
 
 NATIVE_SCRIPT is the script pgrx generates from src/*.rs (dedup--VERSION.sql). Every
 statement of it is kept as it is, except each `CREATE FUNCTION ... LANGUAGE c`, which is
@@ -23,9 +23,9 @@ Written to OUTDIR:
                        it drops what dedup.plain.sql made by name (RESTRICT), so the build
                        fails on a statement of the script whose objects it cannot name.
 
---upgrade takes a native update script dedup--FROM--TO.sql (none exists yet for the
-portable edition): it gets the same replacements and becomes a pg_tle update path and a
-step of the plain script's chain from FROM to TO.
+The portable edition starts at 0.6.0 and has no update path yet: the first version after
+it adds one (a pg_tle update path, a step of the plain script) made from the native
+upgrade script with the same replacements.
 
 Python 3 standard library only.
 """
@@ -629,7 +629,6 @@ def read_portable(directory: str) -> PortableSources:
 
 def replace_c_functions(
     native_sql: str, source: str, portable: PortableSources, used: set, problems: list[str],
-    is_update: bool = False,
 ) -> tuple[str, int]:
     """The native script with each LANGUAGE c function replaced, and how many were; what
     cannot be replaced is added to problems."""
@@ -662,11 +661,7 @@ def replace_c_functions(
             helpers_placed = True
             block += "\n-- The portable edition's helpers (sql/portable/helpers.sql).\n"
             for sup in portable.support:
-                text = sup.text.strip("\n")
-                if is_update:
-                    # The older version made the helpers: an update script replaces them.
-                    text = _or_replace(text)
-                block += text + "\n"
+                block += sup.text.strip("\n") + "\n"
         block += leading + comments
         block += f"-- portable edition: {mine.statement.source}\n"
         text = mine.statement.text.strip("\n")
@@ -735,36 +730,13 @@ def dollar_quote(body: str, tag: str) -> str:
     return f"${tag}${body}${tag}$"
 
 
-@dataclass
-class Upgrade:
-    from_version: str
-    to_version: str
-    sql: str
-
-
-def version_key(v: str):
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.\-]", v))
-
-
-def build_pgtle(ext_sql: str, version: str, comment: str, requires: list[str], upgrades: list[Upgrade]) -> str:
-    """pgtle.install_extension, and an update path per upgrade; each step is skipped (with a
-    NOTICE) when pg_tle has it already, so the script can run again."""
-    for text in [ext_sql] + [u.sql for u in upgrades]:
-        for forbidden in ("$_pgtle_o_$", "$_pgtle_i_$"):
-            if forbidden in text:
-                raise BuildError(f"pg_tle refuses a script containing {forbidden}")
+def build_pgtle(ext_sql: str, version: str, comment: str, requires: list[str]) -> str:
+    """pgtle.install_extension; skipped (with a NOTICE) when pg_tle has this version
+    already, so the script can run again."""
+    for forbidden in ("$_pgtle_o_$", "$_pgtle_i_$"):
+        if forbidden in ext_sql:
+            raise BuildError(f"pg_tle refuses a script containing {forbidden}")
     req = "NULL" if not requires else "ARRAY[" + ", ".join(sql_literal(r) for r in requires) + "]"
-    steps = []
-    for u in upgrades:
-        fname = f"{EXTENSION}--{u.from_version}--{u.to_version}.sql"
-        steps.append(f"""
-    -- {u.from_version} to {u.to_version}
-    IF to_regprocedure(pg_catalog.format('pgtle.%I()', {sql_literal(fname)})) IS NULL THEN
-        PERFORM pgtle.install_update_path({sql_literal(EXTENSION)}, {sql_literal(u.from_version)}, {sql_literal(u.to_version)},
-{dollar_quote(u.sql, "_pgtle_")});
-    ELSE
-        RAISE NOTICE 'pg_tle has the update path of dedup from % to % already', {sql_literal(u.from_version)}, {sql_literal(u.to_version)};
-    END IF;""")
     body = f"""
 DECLARE
     known pg_catalog.bool;
@@ -789,7 +761,7 @@ BEGIN
 {dollar_quote(ext_sql, "_pgtle_")});
     ELSE
         RAISE NOTICE 'pg_tle has dedup {version} already; nothing to register';
-    END IF;{''.join(steps)}
+    END IF;
     -- CREATE EXTENSION dedup installs the newest version registered.
     IF (SELECT x.default_version FROM pgtle.available_extensions() AS x WHERE x.name = {sql_literal(EXTENSION)})
        IS DISTINCT FROM {sql_literal(version)}
@@ -806,9 +778,8 @@ END
 -- Run it (psql -f, or any client: it is one statement) as a member of pgtle_admin, in each
 -- database that will use dedup, then:
 --     CREATE EXTENSION dedup;            -- installs into the schema dedup
--- and, after registering a newer version:
---     ALTER EXTENSION dedup UPDATE;
--- Running it again is a no-op with a NOTICE. See docs/portable.md.
+-- Running it again is a no-op with a NOTICE. The portable edition has no update path yet
+-- (the first version after 0.6.0 adds one). See docs/portable.md.
 DO {dollar_quote(body, "_dedup_pgtle_")};
 """
 
@@ -838,19 +809,9 @@ def plain_install_sql(ext_sql: str, what: str) -> str:
     return sql
 
 
-def build_plain(ext_sql: str, version: str, upgrades: list[Upgrade]) -> str:
+def build_plain(ext_sql: str, version: str) -> str:
     install = plain_install_sql(ext_sql, f"{EXTENSION}--{version}.sql")
     mark = f"{EXTENSION} {version} {PLAIN_MARK}"
-    # The chain of steps from an older plain install to this version, in order.
-    chain = []
-    for u in sorted(upgrades, key=lambda u: version_key(u.from_version)):
-        step_sql = plain_install_sql(u.sql, f"{EXTENSION}--{u.from_version}--{u.to_version}.sql")
-        chain.append(f"""
-    IF installed = {sql_literal(u.from_version)} THEN
-        RAISE NOTICE 'dedup: updating the plain install from % to %', installed, {sql_literal(u.to_version)};
-        EXECUTE {dollar_quote(step_sql, "_dedup_step_")};
-        installed := {sql_literal(u.to_version)};
-    END IF;""")
     body = f"""
 DECLARE
     target    constant pg_catalog.text := {sql_literal(version)};
@@ -901,7 +862,7 @@ BEGIN
             PERFORM pg_catalog.set_config('search_path', path, true);
             RAISE NOTICE 'dedup % (portable edition, plain install) is installed already; nothing to do', target;
             RETURN;
-        END IF;{''.join(chain)}
+        END IF;
         IF installed <> target THEN
             RAISE EXCEPTION USING ERRCODE = '55000',
                 MESSAGE = pg_catalog.format('dedup.plain.sql: the schema dedup holds version %s of dedup, and this script has no way from it to %s', installed, target),
@@ -1468,7 +1429,7 @@ DO {dollar_quote(body, "_dedup_to_native_")};
 """
 
 
-def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str]) -> list[str]:
+def build(native_path: str, version: str, outdir: str) -> list[str]:
     portable = read_portable(os.path.join(REPO, "sql", "portable"))
     control = read_control(os.path.join(REPO, f"{EXTENSION}.control"))
     if control.get("schema") != SCHEMA:
@@ -1478,14 +1439,6 @@ def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str])
     used: set = set()
     problems: list[str] = []
     ext_sql, replaced = replace_c_functions(native, os.path.basename(native_path), portable, used, problems)
-    upgrades = []
-    for path in upgrade_paths:
-        m = re.fullmatch(rf"{EXTENSION}--(.+)--(.+)\.sql", os.path.basename(path))
-        if not m:
-            raise BuildError(f"{path}: an update script is named {EXTENSION}--FROM--TO.sql")
-        with open(path, encoding="utf-8") as fh:
-            up_sql, _ = replace_c_functions(fh.read(), os.path.basename(path), portable, set(), problems, is_update=True)
-        upgrades.append(Upgrade(m.group(1), m.group(2), up_sql))
     problems += [
         f"{f.statement.source}: {f.signature()} replaces no LANGUAGE c function of {os.path.basename(native_path)}"
         for k, f in portable.replacements.items()
@@ -1493,8 +1446,6 @@ def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str])
     ]
     if problems:
         raise BuildError("\n".join(problems))
-    for u in upgrades:
-        check_no_module_pathname(u.sql, f"{EXTENSION}--{u.from_version}--{u.to_version}.sql")
     if replaced == 0:
         raise BuildError(f"{native_path}: no LANGUAGE c function found: is this the native script?")
     check_no_module_pathname(ext_sql, f"{EXTENSION}--{version}.sql")
@@ -1507,8 +1458,8 @@ def build(native_path: str, version: str, outdir: str, upgrade_paths: list[str])
     written = []
     for name, text in (
         (f"{EXTENSION}--{version}.sql", ext_sql),
-        (f"{EXTENSION}.pgtle.sql", build_pgtle(ext_sql, version, control.get("comment", ""), requires, upgrades)),
-        (f"{EXTENSION}.plain.sql", build_plain(ext_sql, version, upgrades)),
+        (f"{EXTENSION}.pgtle.sql", build_pgtle(ext_sql, version, control.get("comment", ""), requires)),
+        (f"{EXTENSION}.plain.sql", build_plain(ext_sql, version)),
         (f"{EXTENSION}.to-native.sql", build_to_native(ext_sql, version)),
     ):
         path = os.path.join(outdir, name)
@@ -1523,13 +1474,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("native_script")
     parser.add_argument("version")
     parser.add_argument("outdir")
-    parser.add_argument("--upgrade", action="append", default=[], metavar="NATIVE_UPDATE_SCRIPT")
     args = parser.parse_args(argv)
     if not re.fullmatch(r"[0-9][0-9A-Za-z.\-]*", args.version) or "--" in args.version:
         print(f"portable.py: {args.version!r} is not a version", file=sys.stderr)
         return 2
     try:
-        written = build(args.native_script, args.version, args.outdir, args.upgrade)
+        written = build(args.native_script, args.version, args.outdir)
     except BuildError as e:
         print(f"portable.py: {e}", file=sys.stderr)
         return 1

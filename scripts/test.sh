@@ -2,7 +2,8 @@
 # `make test`: set up everything (scripts/setup.sh), then pass every test on every supported PostgreSQL major
 # (15, 16, 17, 18), each in the project's own server tree (scripts/pg.sh). `make test PG=17`
 # (or PG="16 18") runs those majors only.
-#   1. formatting, and clippy (-D warnings) for each major's build
+#   1. formatting, clippy (-D warnings) for each major's build, the unit tests of the
+#      project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py)
 #   then for each major:
 #   2. #[pg_test] unit tests (cargo pgrx test: a server of pgrx's own)
 #   3. install the extension into that major's tree, then the integration tests in
@@ -35,6 +36,7 @@ cargo clippy -p dedup-example-consumer --all-targets --quiet -- -D warnings
 cargo build --quiet -p dedup-pg-test --bins --tests
 cargo test --quiet -p dedup-pg-test --lib   # the doctest parser (pg_test/src/doctest.rs)
 cargo test --quiet -p dedup-pg-test --test scripts   # what a new machine runs first (pg_test/tests/scripts.rs)
+python3 scripts/test_sql_tools.py   # the SQL reading of scripts/portable.py and scripts/upgrade-script.py
 
 started=$(date +%s)
 # The majors tested before this one, dedup of this build installed in each: the integration
