@@ -68,7 +68,7 @@ fn set_result(
                 .map(|t| t.len())
             })
         })
-        .unwrap_or_else(|e| pgrx::error!("{F}: {e}"));
+        .unwrap_or_else(|e| pgrx::error!("{F}: storing the result in dedup.processed failed: {e}"));
         if updated == 0 {
             // Claimed in a savepoint since rolled back.
             error::not_claimed_here(F);
@@ -110,7 +110,7 @@ fn set_result(
          WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
         &args,
     )
-    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("{F}: storing the result in dedup.processed failed: {e}"));
 }
 
 const FUNC_RESULT: &str = "dedup.claim_result";
@@ -154,6 +154,6 @@ pub(crate) fn claim_result_row(
     } else {
         read()
     }
-    .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: reading dedup.processed failed: {e}"));
     TableIterator::new(rows)
 }

@@ -990,7 +990,7 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
             "DELETE FROM dedup.scope_retention WHERE scope OPERATOR(pg_catalog.=) $1",
             &[DatumWithOid::from(scope)],
         )
-        .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+        .unwrap_or_else(|e| pgrx::error!("{F}: deleting from dedup.scope_retention failed: {e}"));
         return;
     };
     // Its length in seconds (a month counted as 30 days), and its shortest whatever a
@@ -1045,7 +1045,7 @@ fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
             DatumWithOid::from(by.as_str()),
         ],
     )
-    .unwrap_or_else(|e| pgrx::error!("dedup: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("{F}: writing dedup.scope_retention failed: {e}"));
 }
 
 /// `dedup.retention(scope)`: the retention in force for `scope`.

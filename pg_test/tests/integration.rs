@@ -159,6 +159,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     docs::reference_examples_run_as_shown,
     docs::links_in_the_docs_resolve,
     docs::contributing_names_every_source_file,
+    docs::every_hint_is_in_the_errors_reference,
     docs::readme_stays_a_landing_page,
     docs::changelog_dates_every_released_version,
     docs::portable_differences_list_every_test_left_out,

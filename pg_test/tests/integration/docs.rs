@@ -353,6 +353,23 @@ pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
+/// docs/reference/errors.md is the catalogue of dedup's errors: every hint and detail the
+/// native library (src/error.rs), the concern files of sql/ and the portable edition
+/// (sql/portable/) raise is there word for word (scripts/check-errors.py reads them).
+pub async fn every_hint_is_in_the_errors_reference(_ctx: Ctx) -> Result<()> {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("scripts/check-errors.py"))
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// The README is a landing page (about 300 lines at most); the detail lives in docs/.
 pub async fn readme_stays_a_landing_page(_ctx: Ctx) -> Result<()> {
     let lines = read("README.md")?.lines().count();
