@@ -77,6 +77,7 @@ CREATE  FUNCTION "_caller"() RETURNS TEXT
 STRICT STABLE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'caller_wrapper';
+REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
 CREATE  FUNCTION "_count"(
 	"scope" TEXT,
 	"event" TEXT,
@@ -669,7 +670,6 @@ COMMENT ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) IS
 'dedup.forget for a bigint job id (its decimal text).';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) IS
 'dedup.forget for a uuid job id (its canonical text).';
-REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
 
 -- A claim is kept its retention from when it became visible.
 --

@@ -262,7 +262,6 @@ AS $$ SELECT dedup.forget(job_id::pg_catalog.text, scope) $$;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.uuid, pg_catalog.text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
 COMMENT ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) IS
 'Remove the claim of a done job so that it runs again (after a bug fix); refuses a running lease (55006). Returns whether a claim was removed; every call leaves a row in dedup.forgotten. Not granted to PUBLIC.';
 COMMENT ON FUNCTION dedup.forget(pg_catalog.int8, pg_catalog.text) IS

@@ -1,5 +1,5 @@
 -- dedup's counters: the view dedup.stats over the counters the library keeps in shared
--- memory (src/stats.rs), with each scope's last prune pass and live claims.
+-- memory (src/stats/), with each scope's last prune pass and live claims.
 
 -- Live claims per scope, estimated from the planner's statistics of dedup.processed (the
 -- share of each scope among its most common values, times the table's row estimate).

@@ -21,6 +21,9 @@ pub const MAX_BATCH: usize = 10_000;
 /// the jobs this call claimed and of those claimed before with another fingerprint, in
 /// input order (an id repeated in the array is claimed once, at its first position; a
 /// repetition with another fingerprint is a mismatch).
+///
+/// Long because the batch's steps share its checks and its one pass over the keys: check,
+/// route, order, claim, then map the outcomes back to the input's order.
 fn claim_many(
     ids: &[(usize, String)],
     scope: Option<&str>,

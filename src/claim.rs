@@ -267,6 +267,10 @@ unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> 
 /// # Safety
 ///
 /// As for [`insert_claim`].
+///
+/// Long because the executor state it makes once for all keys is made and torn down here,
+/// each step with the contract that makes it sound; each key is [`store_key`] and
+/// [`speculative_claim`].
 pub(crate) unsafe fn insert_claims(
     func: &str,
     scope: &str,
@@ -333,80 +337,23 @@ pub(crate) unsafe fn insert_claims(
     for (i, &(job_id, fingerprint)) in keys.iter().enumerate() {
         // A batch of thousands can be cancelled between two of its claims.
         pg_sys::check_for_interrupts!();
-        pg_sys::ExecClearTuple(slot);
-        {
-            let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
-            let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
-            // scope, job_id, processed_at, fingerprint; no result, no lease.
-            nulls.fill(true);
-            // SAFETY: text_datum pallocs each text in es_query_cxt (it lives as long as the
-            // slot that points to it); every length was checked against its limit
-            // (check_key, check_fingerprint). unguarded::ExecStoreVirtualTuple only sets the
-            // slot's flags and tts_nvalid = natts (all natts values and nulls are set
-            // above): it cannot raise an ERROR, so it is called without pgrx's guard. The
-            // two slices end before it.
-            values[0] = scope_datum;
-            values[1] = text_datum(job_id);
-            values[2] = now;
-            nulls[..3].fill(false);
-            if let Some(fp) = fingerprint {
-                values[3] = text_datum(fp);
-                nulls[3] = false;
-            }
-        }
-        unguarded::ExecStoreVirtualTuple(slot);
-        (*slot).tts_tableOid = (*rel).rd_id;
-        // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
-        // above; `conflict_tid` is a local the check fills in. The calls that can raise an
-        // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
-        // inserter of the same key: deadlock, lock_timeout, cancel), inspect_conflict (see its
-        // contract), GetCurrentTransactionId (assigns an xid: ERROR near wraparound),
-        // SpeculativeInsertionLockAcquire (LockAcquire: out of shared lock memory; the lock is
-        // held by CurrentResourceOwner until the release below, or the abort),
-        // table_tuple_insert_speculative and insert_index_tuples (a heap or index insert:
-        // out of disk, a unique violation in a non-arbiter index), and check_for_interrupts!
-        // (ProcessInterrupts: cancel, timeouts). table_tuple_complete_speculative re-reads the
-        // page (an I/O ERROR is possible there) and then finishes or kills the tuple inside a
-        // critical section (where a failure is a PANIC, not an ERROR).
-        // unguarded::SpeculativeInsertionLockRelease releases the lock the same resource owner
-        // took a few calls before (see its declaration: no ERROR is reachable), and
-        // unguarded::list_free pfrees the recheck list insert_index_tuples built in
-        // es_query_cxt (NIL when empty), with no ERROR for a valid list.
-        let mut check_first = !batch || i == 0 || conflicts;
-        let outcome = loop {
-            if check_first {
-                let mut conflict_tid = pg_sys::ItemPointerData::default();
-                if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters)
-                {
-                    // A committed (or our own) claim exists.
-                    conflicts = true;
-                    break inspect_conflict(func, rel, layout, &mut conflict_tid, fingerprint);
-                }
-            }
-            let (xid, cid) = *ids.get_or_insert_with(|| {
-                (
-                    pg_sys::GetCurrentTransactionId(),
-                    pg_sys::GetCurrentCommandId(true),
-                )
-            });
-            let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-            pg_sys::table_tuple_insert_speculative(rel, slot, cid, 0, std::ptr::null_mut(), token);
-            let mut spec_conflict = false;
-            let recheck =
-                compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
-            pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
-            unguarded::SpeculativeInsertionLockRelease(xid);
-            unguarded::list_free(recheck);
-            if !spec_conflict {
-                break Outcome::Claimed;
-            }
-            // A concurrent inserter got its index entry in first, or (a batch that did not
-            // check first) the key was claimed already: look again, this time checking
-            // first (and waiting for an in-progress inserter).
-            conflicts = true;
-            check_first = true;
-            pg_sys::check_for_interrupts!();
-        };
+        store_key(slot, rel, layout, scope_datum, now, job_id, fingerprint);
+        let check_first = !batch || i == 0 || conflicts;
+        let outcome = speculative_claim(
+            func,
+            rel,
+            layout,
+            Executor {
+                rri,
+                slot,
+                estate,
+                arbiters,
+            },
+            fingerprint,
+            check_first,
+            &mut ids,
+            &mut conflicts,
+        );
         each(i, outcome);
     }
 
@@ -423,6 +370,135 @@ pub(crate) unsafe fn insert_claims(
     pg_sys::MemoryContextSwitchTo(old_cxt);
     pg_sys::FreeExecutorState(estate);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
+}
+
+/// The executor objects one call of [`insert_claims`] makes once for all its keys.
+#[derive(Clone, Copy)]
+struct Executor {
+    rri: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    arbiters: *mut pg_sys::List,
+}
+
+/// Put one key's row into `slot`: scope, job_id, processed_at, fingerprint; no result, no
+/// lease.
+///
+/// # Safety
+///
+/// `slot` is [`insert_claims`]'s slot for `rel`, in es_query_cxt (the current memory
+/// context), with layout.columns() values.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_key(
+    slot: *mut pg_sys::TupleTableSlot,
+    rel: pg_sys::Relation,
+    layout: Layout,
+    scope_datum: pg_sys::Datum,
+    now: pg_sys::Datum,
+    job_id: &str,
+    fingerprint: Option<&str>,
+) {
+    pg_sys::ExecClearTuple(slot);
+    {
+        let values = std::slice::from_raw_parts_mut((*slot).tts_values, layout.columns());
+        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, layout.columns());
+        // scope, job_id, processed_at, fingerprint; no result, no lease.
+        nulls.fill(true);
+        // SAFETY: text_datum pallocs each text in es_query_cxt (it lives as long as the
+        // slot that points to it); every length was checked against its limit
+        // (check_key, check_fingerprint). unguarded::ExecStoreVirtualTuple only sets the
+        // slot's flags and tts_nvalid = natts (all natts values and nulls are set
+        // above): it cannot raise an ERROR, so it is called without pgrx's guard. The
+        // two slices end before it.
+        values[0] = scope_datum;
+        values[1] = text_datum(job_id);
+        values[2] = now;
+        nulls[..3].fill(false);
+        if let Some(fp) = fingerprint {
+            values[3] = text_datum(fp);
+            nulls[3] = false;
+        }
+    }
+    unguarded::ExecStoreVirtualTuple(slot);
+    (*slot).tts_tableOid = (*rel).rd_id;
+}
+
+/// Claim one key whose row is in `ex.slot`: look for a conflict first when `check_first`,
+/// else insert at once; a speculative insertion that meets a conflict is killed and the
+/// key looked at again, checking first. `ids` are the call's transaction and command ids
+/// (taken at its first insert), `conflicts` whether a key of the call has met one.
+///
+/// # Safety
+///
+/// As for [`insert_claims`], with `ex` the live objects it made for `rel`.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn speculative_claim(
+    func: &str,
+    rel: pg_sys::Relation,
+    layout: Layout,
+    ex: Executor,
+    fingerprint: Option<&str>,
+    check_first: bool,
+    ids: &mut Option<(pg_sys::TransactionId, pg_sys::CommandId)>,
+    conflicts: &mut bool,
+) -> Outcome {
+    // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
+    // above; `conflict_tid` is a local the check fills in. The calls that can raise an
+    // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
+    // inserter of the same key: deadlock, lock_timeout, cancel), inspect_conflict (see its
+    // contract), GetCurrentTransactionId (assigns an xid: ERROR near wraparound),
+    // SpeculativeInsertionLockAcquire (LockAcquire: out of shared lock memory; the lock is
+    // held by CurrentResourceOwner until the release below, or the abort),
+    // table_tuple_insert_speculative and insert_index_tuples (a heap or index insert:
+    // out of disk, a unique violation in a non-arbiter index), and check_for_interrupts!
+    // (ProcessInterrupts: cancel, timeouts). table_tuple_complete_speculative re-reads the
+    // page (an I/O ERROR is possible there) and then finishes or kills the tuple inside a
+    // critical section (where a failure is a PANIC, not an ERROR).
+    // unguarded::SpeculativeInsertionLockRelease releases the lock the same resource owner
+    // took a few calls before (see its declaration: no ERROR is reachable), and
+    // unguarded::list_free pfrees the recheck list insert_index_tuples built in
+    // es_query_cxt (NIL when empty), with no ERROR for a valid list.
+    let mut check_first = check_first;
+    let Executor {
+        rri,
+        slot,
+        estate,
+        arbiters,
+    } = ex;
+    loop {
+        if check_first {
+            let mut conflict_tid = pg_sys::ItemPointerData::default();
+            if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
+                // A committed (or our own) claim exists.
+                *conflicts = true;
+                break inspect_conflict(func, rel, layout, &mut conflict_tid, fingerprint);
+            }
+        }
+        let (xid, cid) = *ids.get_or_insert_with(|| {
+            (
+                pg_sys::GetCurrentTransactionId(),
+                pg_sys::GetCurrentCommandId(true),
+            )
+        });
+        let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+        pg_sys::table_tuple_insert_speculative(rel, slot, cid, 0, std::ptr::null_mut(), token);
+        let mut spec_conflict = false;
+        let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
+        pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
+        unguarded::SpeculativeInsertionLockRelease(xid);
+        unguarded::list_free(recheck);
+        if !spec_conflict {
+            break Outcome::Claimed;
+        }
+        // A concurrent inserter got its index entry in first, or (a batch that did not
+        // check first) the key was claimed already: look again, this time checking
+        // first (and waiting for an in-progress inserter).
+        *conflicts = true;
+        check_first = true;
+        pg_sys::check_for_interrupts!();
+    }
 }
 
 /// Look at the claim that conflicts with ours.

@@ -56,6 +56,8 @@ pub fn shortest_sensible_retention() -> (i32, &'static str) {
     }
 }
 
+/// Long because it is a table: one registration per setting, each with its bounds, units
+/// and check.
 pub fn init() {
     GucRegistry::define_bool_guc(
         c"dedup.warn_outside_transaction",

@@ -22,12 +22,21 @@ mod worker;
 
 // The schema's check and the claim table; runs before any function is created.
 extension_sql_file!("../sql/claims.sql", name = "claims", bootstrap);
+// Per-scope retention, prune passes and horizons, table_health, forget. It needs no
+// function of src/, so its tables come before them: the portable edition's helpers, made
+// before the first function of src/ it replaces, include SQL that reads
+// dedup.scope_retention (the plain install of scripts/portable-test.sh fails otherwise).
+extension_sql_file!(
+    "../sql/retention.sql",
+    name = "retention",
+    requires = ["claims"]
+);
 // Leases, stored results, payload fingerprints.
 extension_sql_file!(
     "../sql/leases.sql",
     name = "leases",
     requires = [
-        "claims",
+        "retention",
         claim::try_claim_fingerprint,
         lease::check_claim,
         lease::set_result,
@@ -35,23 +44,17 @@ extension_sql_file!(
         prune::retention
     ]
 );
-// Per-scope retention, prune passes and horizons, table_health, forget.
-extension_sql_file!(
-    "../sql/retention.sql",
-    name = "retention",
-    requires = ["leases", prune::caller]
-);
 // The view dedup.stats over the library's counters.
 extension_sql_file!(
     "../sql/stats.sql",
     name = "stats",
     requires = [
-        "retention",
-        stats::stats_counters,
-        stats::stats_info,
-        stats::stats_reset,
-        stats::count_event,
-        stats::count_event_at
+        "leases",
+        stats::sql::stats_counters,
+        stats::sql::stats_info,
+        stats::sql::stats_reset,
+        stats::sql::count_event,
+        stats::sql::count_event_at
     ]
 );
 // dedup.distribute() and dedup.cluster_stats().

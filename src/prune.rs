@@ -619,6 +619,9 @@ fn mark_horizon(scope: Option<&str>) -> bool {
 
 /// Sweep the claim table once, deleting expired claims of `scope` (all scopes when None),
 /// at most `max_rows` (no limit when None).
+///
+/// Long because a pass's steps share its transaction handling (one, or one per batch):
+/// the horizon, the tables to sweep, the batches over each block range, the forgotten rows.
 pub fn run_pass(
     scope: Option<&str>,
     max_rows: Option<i64>,
@@ -1068,6 +1071,7 @@ extension_sql!(
     r#"
 REVOKE ALL ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
 COMMENT ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) IS
 'Delete claims older than their retention (all scopes, or one), at most max_rows; returns how many. Runs in the caller''s transaction; waits for a prune already running in this database.';
 COMMENT ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) IS
@@ -1076,5 +1080,5 @@ COMMENT ON FUNCTION dedup.retention(pg_catalog.text) IS
 'The retention in force for a scope: its own, or dedup.retention.';
 "#,
     name = "prune_privileges",
-    requires = [prune, set_retention, retention]
+    requires = [prune, set_retention, retention, caller]
 );

@@ -406,6 +406,9 @@ fn start_worker(oid: pg_sys::Oid, name: &str) -> Option<DynamicBackgroundWorker>
 /// `transaction_read_only` and `transaction_deferrable` excepted: every transaction starts
 /// from the `default_transaction_*` pinned here). The ones the worker's SQL relies on are pinned
 /// first, so that the statement reading the others runs under them.
+///
+/// Long because it is a list: each setting pinned with the reason it must be, in the order
+/// the pinning needs.
 fn pin_settings() -> Result<(), String> {
     let lock_timeout = format!("{}ms", guc::PRUNE_LOCK_TIMEOUT.get());
     for (name, value) in [
@@ -674,6 +677,24 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     set_application_name(PRUNER);
 
     let interval = interval().unwrap_or(Duration::from_secs(600));
+    if !ready_to_prune(&dbname, interval) {
+        return;
+    }
+    let (result, leaving) = prune_for_a_share(&dbname, interval);
+    if leaving {
+        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped, renamed or copied, or its settings could not be pinned again after a reload");
+        return;
+    }
+    report(&dbname, result);
+}
+
+/// Whether this worker may prune its database now: the extension is installed there, in a
+/// schema only superusers control, at a version with retention, its passes are not backing
+/// off, and no other session holds the prune lock (then taken, for the worker's life). Says
+/// why not in the log.
+///
+/// Long because each reason not to prune has its own log line and level.
+fn ready_to_prune(dbname: &str, interval: Duration) -> bool {
     let ready = prune::in_transaction(|| {
         // A catalog lookup without SQL: in a database without the extension, nothing more.
         // SAFETY: inside a transaction; get_extension_oid(missing_ok) raises no error for
@@ -719,51 +740,56 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         }
     });
     match ready {
-        Ok(Ready::Go) => {}
-        Ok(Ready::NotInstalled) => return,
+        Ok(Ready::Go) => true,
+        Ok(Ready::NotInstalled) => false,
         Ok(Ready::Unsafe) => {
             warning!(
                 "dedup: not pruning database \"{dbname}\": the schema of its extension dedup is \
                  not named dedup, is not owned by a superuser, or grants CREATE to a role that is \
                  not one; a superuser must check it (docs/operations.md, Security model)"
             );
-            return;
+            false
         }
         Ok(Ready::TooOld) => {
             log!(
                 "dedup: not pruning database \"{dbname}\": its extension is version 0.1.0, \
                  from before retention; run ALTER EXTENSION dedup UPDATE there"
             );
-            return;
+            false
         }
         Ok(Ready::BackingOff(since)) => {
             debug1!(
                 "dedup: not pruning database \"{dbname}\" yet: backing off after failed passes"
             );
             warn_if_overdue(
-                &dbname,
+                dbname,
                 since,
                 interval,
                 "its last passes failed (see dedup.prune_status.last_error)",
             );
-            return;
+            false
         }
         Ok(Ready::Busy(since)) => {
             debug1!("dedup: database \"{dbname}\" is being pruned by another session");
             warn_if_overdue(
-                &dbname,
+                dbname,
                 since,
                 interval,
                 "a dedup.prune() of another session holds the prune lock",
             );
-            return;
+            false
         }
         Err(message) => {
             warning!("dedup: could not prepare to prune database \"{dbname}\": {message}");
-            return;
+            false
         }
     }
+}
 
+/// One visit's pass over the database, in batches of their own transactions, stopped when
+/// its share of the worker is up (or SIGTERM, a reload whose settings cannot be pinned
+/// again, a DROP DATABASE that may go on); and whether the worker is leaving the database.
+fn prune_for_a_share(dbname: &str, interval: Duration) -> (Result<prune::Pass, String>, bool) {
     // This database's share of the worker: a pass longer than that stops and the next visit
     // goes on from where it stopped, so that one large or slow database (a database owner
     // made each batch read the whole table) does not hold up the others
@@ -813,10 +839,12 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
         pause: &pause,
     };
     let result = prune::run_pass(None, None, &transactions, resume.as_ref());
-    if leaving.get() {
-        log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped, renamed or copied, or its settings could not be pinned again after a reload");
-        return;
-    }
+    (result, leaving.get())
+}
+
+/// The log line of a pass, and its record in dedup._prune_status: a whole pass, one cut
+/// short (where the next visit goes on from), or a failure (which backs off).
+fn report(dbname: &str, result: Result<prune::Pass, String>) {
     match result {
         Ok(pass) if pass.stopped_at.is_some() => {
             // Cut short (its share was up, or SIGTERM): not a pass; the next visit goes on.

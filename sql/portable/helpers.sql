@@ -602,7 +602,7 @@ COMMENT ON FUNCTION dedup._portable_claim(pg_catalog.text, pg_catalog.text, pg_c
 COMMENT ON FUNCTION dedup._portable_claim_many(pg_catalog.text[], pg_catalog.text, pg_catalog.text[], pg_catalog.bool) IS
 'Portable edition: the batch of dedup.try_claim_many, as the owner of dedup.processed (every argument checked as try_claim_many checks it).';
 
--- The WARNING of the counter functions (src/stats.rs, warn_not_preloaded), for an edition
+-- The WARNING of the counter functions (src/stats/sql.rs, warn_not_preloaded), for an edition
 -- that has no counters at all.
 CREATE FUNCTION dedup._portable_stats_warning(func pg_catalog.text)
 RETURNS void

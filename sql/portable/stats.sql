@@ -1,4 +1,4 @@
--- dedup, portable edition: the counters of dedup.stats (src/stats.rs). They live in the
+-- dedup, portable edition: the counters of dedup.stats (src/stats/). They live in the
 -- shared memory of the native library, which the portable edition has not: nothing is
 -- counted. Each function answers as the native one does when the library is not in
 -- shared_preload_libraries (a WARNING, no counters), saying why.

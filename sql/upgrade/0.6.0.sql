@@ -38,7 +38,6 @@ DROP FUNCTION dedup.stats_counters();
 --@ create retention.sql dedup.table_health
 --@ create retention.sql dedup.forgotten
 --@ create retention.sql dedup.forget
---@ create retention.sql dedup._caller
 --@ create retention.sql dedup._horizons
 --@ create retention.sql dedup._mark_horizon
 --@ create retention.sql dedup._horizon

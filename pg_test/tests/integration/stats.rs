@@ -389,7 +389,7 @@ pub async fn invented_names_cannot_evict_other_counters(_ctx: Ctx) -> Result<()>
     Ok(())
 }
 
-/// FNV-1a, 64 bits: the counter file's checksum (src/stats.rs), to alter a file so that it
+/// FNV-1a, 64 bits: the counter file's checksum (src/stats/file.rs), to alter a file so that it
 /// still passes it.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
