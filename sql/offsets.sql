@@ -170,6 +170,25 @@ END
 $$;
 COMMENT ON FUNCTION dedup.position(pg_catalog.text, pg_catalog.int4) IS
 'The stored mark of (stream, partition), NULL when none: where a consumer of the partition seeks on start.';
+
+-- Every partition's stored mark of a stream, in partition order: where a consumer that is
+-- given several partitions (a Kafka consumer group's rebalance) seeks each of them on
+-- start, in one call instead of one dedup.position per partition.
+CREATE FUNCTION dedup.positions(stream pg_catalog.text,
+    OUT partition pg_catalog.int4, OUT "position" pg_catalog.int8)
+RETURNS SETOF record
+LANGUAGE plpgsql STABLE PARALLEL SAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._check_offset('dedup.positions', $1, 0, 0);
+    RETURN QUERY SELECT o.partition, o."position" FROM dedup.offsets AS o
+                  WHERE o.stream = $1 ORDER BY o.partition;
+END
+$$;
+COMMENT ON FUNCTION dedup.positions(pg_catalog.text) IS
+'Every partition''s stored mark of stream, in partition order (no row for a partition never advanced): where a consumer seeks each of its partitions on start.';
+
 REVOKE ALL ON FUNCTION dedup._check_offset(pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8) FROM PUBLIC;
 
 -- try_claim_many with payload fingerprints, one per job id (NULL: none): a job claimed

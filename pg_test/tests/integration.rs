@@ -80,6 +80,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     batch::try_claim_many_claims_each_job_once,
     batch::overlapping_batches_in_any_order_never_deadlock,
     batch::advance_raises_each_partition_once,
+    batch::positions_gives_every_partitions_mark,
     batch::only_a_streams_owner_advances_it,
     crash::killed_backend_loses_its_claim_and_server_keeps_committed_ones,
     crash::immediate_stop_keeps_committed_claims_only,

@@ -274,6 +274,70 @@ async fn pos(c: &dedup_pg_test::Conn, p: i32) -> Result<Option<i64>> {
         .get(0))
 }
 
+/// dedup.positions(stream) gives every partition's mark of a stream, in partition order,
+/// to a role with no grant of its own, with the marks this transaction raised; only that
+/// stream's; none for a stream never advanced; and refuses what position() refuses.
+pub async fn positions_gives_every_partitions_mark(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    c.batch_execute(
+        "SELECT dedup.advance('orders', 2, 40), dedup.advance('orders', 0, 7),
+                dedup.advance('orders', 11, 3), dedup.advance('refunds', 0, 99)",
+    )
+    .await?;
+    let (_, consumer) = crate::common::unprivileged(&ctx, "positions_consumer", "").await?;
+    let marks = |rows: Vec<tokio_postgres::Row>| -> Vec<(i32, i64)> {
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    };
+    ensure_eq(
+        marks(
+            consumer
+                .query("SELECT * FROM dedup.positions('orders')", &[])
+                .await?,
+        ),
+        vec![(0, 7), (2, 40), (11, 3)],
+        "the marks of orders, in partition order",
+    )?;
+    ensure_eq(
+        marks(
+            consumer
+                .query(
+                    "SELECT partition, position FROM dedup.positions('never')",
+                    &[],
+                )
+                .await?,
+        ),
+        vec![],
+        "a stream never advanced",
+    )?;
+    // Raised in this transaction: seen by it, as position() sees it.
+    c.batch_execute("BEGIN; SELECT dedup.advance('orders', 2, 41)")
+        .await?;
+    ensure_eq(
+        marks(
+            c.query("SELECT * FROM dedup.positions('orders')", &[])
+                .await?,
+        ),
+        vec![(0, 7), (2, 41), (11, 3)],
+        "with this transaction's mark",
+    )?;
+    c.batch_execute("ROLLBACK").await?;
+    for (arg, state) in [
+        ("NULL", "22004"),
+        ("''", "22023"),
+        ("repeat('s', 129)", "22001"),
+    ] {
+        let what = format!("positions({arg})");
+        let got = expect_sqlstate(
+            consumer
+                .query(&format!("SELECT * FROM dedup.positions({arg})"), &[])
+                .await,
+            &what,
+        )?;
+        ensure_eq(got.as_str(), state, &what)?;
+    }
+    Ok(())
+}
+
 /// dedup.advance raises a partition's mark once per position, in the caller's
 /// transaction; position() reads it; a second consumer of the partition waits for the
 /// first and then compares with what it committed; bad input is refused.
