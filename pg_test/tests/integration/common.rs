@@ -155,3 +155,20 @@ pub fn kill9(pid: i32) -> Result<()> {
     }
     Ok(())
 }
+
+/// Run one of the project's Python scripts; its output is the error when it fails.
+pub fn python(script: &std::path::Path, args: &[&std::ffi::OsStr]) -> Result<()> {
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{}: {}{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

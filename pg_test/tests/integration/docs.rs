@@ -357,17 +357,7 @@ pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
 /// native library (src/error.rs), the concern files of sql/ and the portable edition
 /// (sql/portable/) raise is there word for word (scripts/check-errors.py reads them).
 pub async fn every_hint_is_in_the_errors_reference(_ctx: Ctx) -> Result<()> {
-    let out = std::process::Command::new("python3")
-        .arg(root().join("scripts/check-errors.py"))
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    crate::common::python(&root().join("scripts/check-errors.py"), &[])
 }
 
 /// The README is a landing page (about 300 lines at most); the detail lives in docs/.

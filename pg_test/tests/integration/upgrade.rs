@@ -74,11 +74,12 @@ ORDER BY 1
 "#;
 
 async fn catalog_signature(c: &dedup_pg_test::Conn) -> Result<Vec<String>> {
-    Ok(c.query(CATALOG_SIGNATURE, &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
+    texts(c, CATALOG_SIGNATURE).await
+}
+
+/// The first column of every row of `sql`, a text.
+async fn texts(c: &dedup_pg_test::Conn, sql: &str) -> Result<Vec<String>> {
+    Ok(c.query(sql, &[]).await?.iter().map(|r| r.get(0)).collect())
 }
 
 /// The installed version of dedup in `c`'s database.
@@ -540,33 +541,25 @@ pub async fn a_fresh_install_creates_each_object_once(ctx: Ctx) -> Result<()> {
         true,
         &format!("objects the install created ({made}), at least its {functions} functions"),
     )?;
-    let twice: Vec<String> = f
-        .query(
-            "SELECT kind || ' ' || identity || ': ' || string_agg(tag, ', ' ORDER BY n)
-               FROM public.ddl_log WHERE tag LIKE 'CREATE %' AND identity IS NOT NULL
-              GROUP BY kind, identity HAVING count(*) > 1 ORDER BY 1",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let twice = texts(
+        &f,
+        "SELECT kind || ' ' || identity || ': ' || string_agg(tag, ', ' ORDER BY n)
+           FROM public.ddl_log WHERE tag LIKE 'CREATE %' AND identity IS NOT NULL
+          GROUP BY kind, identity HAVING count(*) > 1 ORDER BY 1",
+    )
+    .await?;
     ensure_eq(
         twice,
         Vec::<String>::new(),
         "objects created more than once",
     )?;
-    let changed: Vec<String> = f
-        .query(
-            "SELECT tag || ' ' || kind || ' ' || coalesce(identity, '?') FROM public.ddl_log
-              WHERE tag = 'DROP' OR (tag LIKE 'ALTER %' AND identity IS DISTINCT FROM 'dedup.forgotten')
-              ORDER BY n",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let changed = texts(
+        &f,
+        "SELECT tag || ' ' || kind || ' ' || coalesce(identity, '?') FROM public.ddl_log
+          WHERE tag = 'DROP' OR (tag LIKE 'ALTER %' AND identity IS DISTINCT FROM 'dedup.forgotten')
+          ORDER BY n",
+    )
+    .await?;
     ensure_eq(
         changed,
         Vec::<String>::new(),
@@ -611,19 +604,13 @@ pub async fn the_newest_upgrade_script_is_what_its_recipe_makes(ctx: Ctx) -> Res
         .output()?;
     let library = PathBuf::from(String::from_utf8(sharedir.stdout)?.trim())
         .join(format!("extension/dedup--{current}.sql"));
-    let out = Command::new("python3")
-        .arg(repo.join("scripts/upgrade-script.py"))
-        .arg(&recipe)
-        .arg("--check")
-        .arg("--library")
-        .arg(&library)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    crate::common::python(
+        &repo.join("scripts/upgrade-script.py"),
+        &[
+            recipe.as_os_str(),
+            "--check".as_ref(),
+            "--library".as_ref(),
+            library.as_os_str(),
+        ],
+    )
 }
