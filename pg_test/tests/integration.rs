@@ -116,6 +116,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     retention::a_claim_is_kept_its_retention_from_commit,
     retention::a_retention_positive_only_in_some_months_is_refused,
     retention::retention_is_the_same_in_every_session,
+    retention::prune_in_a_session_of_another_time_zone_keeps_a_day,
     retention::set_by_names_the_caller,
     worker::worker_prunes_every_database_with_the_extension,
     worker::worker_is_restarted_after_kill_9,

@@ -390,6 +390,41 @@ pub async fn retention_is_the_same_in_every_session(ctx: Ctx) -> Result<()> {
         .await?;
     Ok(())
 }
+/// dedup.prune() in a session whose TimeZone has a daylight-saving jump of 23 hours about
+/// now, where `now() - interval '1 day'` is less than 90 minutes ago: the cutoffs are
+/// computed in UTC, so a two-hour-old claim of a one-day scope is kept (computed in the
+/// session's zone, that day lasted an hour and the claim was pruned, its job to run again).
+/// The worker's test of a database owner's TimeZone does not cover this: the worker sets
+/// its own zone first.
+pub async fn prune_in_a_session_of_another_time_zone_keeps_a_day(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    let Some(zone) = crate::worker::short_day_zone(&c).await? else {
+        bail!("no time zone found in which '1 day' is short today: the test needs another");
+    };
+    c.batch_execute(
+        "SELECT dedup.set_retention('q', '1 day');
+         INSERT INTO dedup.processed SELECT 'q', 'young', now() - interval '2 hours';
+         INSERT INTO dedup.processed SELECT 'q', 'old', now() - interval '25 hours';",
+    )
+    .await?;
+    c.batch_execute(&format!("SET TimeZone = '{zone}'")).await?;
+    let pruned: i64 = c.query_one("SELECT dedup.prune('q')", &[]).await?.get(0);
+    c.batch_execute("RESET TimeZone").await?;
+    let left: Vec<String> = c
+        .query(
+            "SELECT job_id FROM dedup.processed WHERE scope = 'q' ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        (pruned, left),
+        (1, vec!["young".to_string()]),
+        &format!("a prune of a one-day scope under TimeZone {zone}"),
+    )
+}
 
 /// `scope_retention.set_by` names the role that called `dedup.set_retention`, not the
 /// function's owner.

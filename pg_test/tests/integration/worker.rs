@@ -551,7 +551,7 @@ pub async fn prune_role_with_the_documented_grants(_ctx: Ctx) -> Result<()> {
 /// A POSIX time zone in which `now() - interval '1 day'` is less than 90 minutes ago: a
 /// daylight-saving jump of 23 hours that starts about now. None if no candidate does it
 /// here (the test is then wrong, not the worker).
-async fn short_day_zone(c: &Conn) -> Result<Option<String>> {
+pub async fn short_day_zone(c: &Conn) -> Result<Option<String>> {
     let doy: f64 = c
         .query_one(
             "SELECT extract(doy FROM now() AT TIME ZONE 'UTC')::float8",
