@@ -356,6 +356,36 @@ struct Memory {
     latest_total: i64,
 }
 
+/// How far behind pruning is, sampled with the memory: the age of the oldest done claim,
+/// the worst seen and when, and when it first passed the bound the end checks.
+#[derive(Default)]
+struct Lag {
+    latest: f64,
+    worst: (f64, u64),
+    first_over: Option<u64>,
+}
+
+impl Lag {
+    async fn sample(&mut self, c: &Conn, at: u64, bound: f64) -> Result<()> {
+        let age: f64 = c
+            .query_one(
+                "SELECT coalesce(extract(epoch FROM now() - min(processed_at)), 0)::float8 \
+                   FROM dedup.processed WHERE lease_expires_at IS NULL",
+                &[],
+            )
+            .await?
+            .get(0);
+        self.latest = age;
+        if age > self.worst.0 {
+            self.worst = (age, at);
+        }
+        if age > bound && self.first_over.is_none() {
+            self.first_over = Some(at);
+        }
+        Ok(())
+    }
+}
+
 impl Memory {
     async fn sample(&mut self, c: &Conn) -> Result<()> {
         let mut total = 0;
@@ -548,6 +578,8 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(29);
     let mut memory = Memory::default();
+    let mut lag = Lag::default();
+    let bound = (retention + PRUNE_MARGIN_SECS) as f64;
     let mut disruptions: BTreeMap<&str, u32> = BTreeMap::new();
     let mut slot = 0usize;
     let mut next_disruption = Instant::now() + every;
@@ -557,17 +589,21 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
     while started.elapsed() < Duration::from_secs(secs) {
         if Instant::now() >= next_progress {
             println!(
-                "  soak at {} s: {} deliveries, {} advances, disruptions {disruptions:?}, RssAnon of the dedup processes and client backends {} kB",
+                "  soak at {} s: {} deliveries, {} advances, disruptions {disruptions:?}, RssAnon of the dedup processes and client backends {} kB, oldest claim {:.0} s (worst {:.0} s at {} s)",
                 started.elapsed().as_secs(),
                 shared.counts.ops.load(Relaxed),
                 shared.counts.advances.load(Relaxed),
                 memory.latest_total,
+                lag.latest,
+                lag.worst.0,
+                lag.worst.1,
             );
             next_progress = Instant::now() + Duration::from_secs(600);
         }
         if Instant::now() >= next_sample {
             if let Ok(c) = connect(&dsn).await {
                 let _ = memory.sample(&c).await;
+                let _ = lag.sample(&c, started.elapsed().as_secs(), bound).await;
             }
             if rss_total_start.is_none() && started.elapsed() > Duration::from_secs(10) {
                 rss_total_start = Some(memory.latest_total);
@@ -696,7 +732,22 @@ pub async fn steady_load_with_disruptions_keeps_every_effect_once(_ctx: Ctx) -> 
             .iter()
             .map(|r| r.get(0))
             .collect();
-        bail!("{old} claims older than the retention and {PRUNE_MARGIN_SECS} s: {detail:?}");
+        // When pruning fell behind, and what the server said about it.
+        let log = cluster.as_ref().map(|cl| cl.log_text()).unwrap_or_default();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("dedup") || l.contains("FATAL") || l.contains("PANIC"))
+            .collect();
+        bail!(
+            "{old} claims older than the retention and {PRUNE_MARGIN_SECS} s: {detail:?}; \
+             the oldest claim passed that first at {:?} s of {:.0}, the worst {:.0} s at {} s; \
+             the server's last lines about dedup:\n{}",
+            lag.first_over,
+            elapsed.as_secs_f64(),
+            lag.worst.0,
+            lag.worst.1,
+            said[said.len().saturating_sub(40)..].join("\n")
+        );
     }
     let live: i64 = c
         .query_one("SELECT count(*) FROM dedup.processed", &[])
