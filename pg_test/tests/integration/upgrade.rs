@@ -82,6 +82,26 @@ async fn texts(c: &dedup_pg_test::Conn, sql: &str) -> Result<Vec<String>> {
     Ok(c.query(sql, &[]).await?.iter().map(|r| r.get(0)).collect())
 }
 
+/// The version `CREATE EXTENSION dedup` installs (the control file's default).
+async fn default_version(c: &dedup_pg_test::Conn) -> Result<String> {
+    Ok(c.query_one(
+        "SELECT default_version FROM pg_available_extensions WHERE name = 'dedup'",
+        &[],
+    )
+    .await?
+    .get(0))
+}
+
+/// `name` in the extension directory of the server under test (DEDUP_PG_CONFIG's).
+fn installed_script(name: &str) -> Result<PathBuf> {
+    let sharedir = Command::new(dedup_pg_test::cluster::pg_config())
+        .arg("--sharedir")
+        .output()?;
+    Ok(PathBuf::from(String::from_utf8(sharedir.stdout)?.trim())
+        .join("extension")
+        .join(name))
+}
+
 /// The installed version of dedup in `c`'s database.
 async fn extversion(c: &dedup_pg_test::Conn) -> Result<String> {
     Ok(c.query_one(
@@ -94,18 +114,8 @@ async fn extversion(c: &dedup_pg_test::Conn) -> Result<String> {
 
 pub async fn upgrade_from_oldest_version_keeps_claims(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
-    let current: String = c
-        .query_one(
-            "SELECT default_version FROM pg_available_extensions WHERE name = 'dedup'",
-            &[],
-        )
-        .await?
-        .get(0);
-    let sharedir = Command::new(dedup_pg_test::cluster::pg_config())
-        .arg("--sharedir")
-        .output()?;
-    let installed = PathBuf::from(String::from_utf8(sharedir.stdout)?.trim())
-        .join(format!("extension/dedup--{OLDEST}.sql"));
+    let current = default_version(&c).await?;
+    let installed = installed_script(&format!("dedup--{OLDEST}.sql"))?;
     let installed_text = std::fs::read_to_string(&installed).with_context(|| {
         format!(
             "{} is not installed (scripts/test.sh installs the fixtures)",
@@ -577,13 +587,7 @@ pub async fn a_fresh_install_creates_each_object_once(ctx: Ctx) -> Result<()> {
 /// changes, so its recipe is not run again.
 pub async fn the_newest_upgrade_script_is_what_its_recipe_makes(ctx: Ctx) -> Result<()> {
     let c = ctx.connect().await?;
-    let current: String = c
-        .query_one(
-            "SELECT default_version FROM pg_available_extensions WHERE name = 'dedup'",
-            &[],
-        )
-        .await?
-        .get(0);
+    let current = default_version(&c).await?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let changelog = std::fs::read_to_string(repo.join("CHANGELOG.md"))?;
     if !changelog.contains(&format!("\n## {current} (unreleased)")) {
@@ -599,11 +603,7 @@ pub async fn the_newest_upgrade_script_is_what_its_recipe_makes(ctx: Ctx) -> Res
             recipe.display()
         );
     }
-    let sharedir = Command::new(dedup_pg_test::cluster::pg_config())
-        .arg("--sharedir")
-        .output()?;
-    let library = PathBuf::from(String::from_utf8(sharedir.stdout)?.trim())
-        .join(format!("extension/dedup--{current}.sql"));
+    let library = installed_script(&format!("dedup--{current}.sql"))?;
     crate::common::python(
         &repo.join("scripts/upgrade-script.py"),
         &[
