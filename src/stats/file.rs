@@ -15,10 +15,17 @@ pub(super) const FILE_VERSION: u32 = 3;
 // u64 counters; then an FNV-1a 64-bit checksum of everything before it. A file is loaded
 // whole or not at all.
 
-/// Counters per entry in the file: 25 from version 3 (0.6.0), 6 in version 2 (0.5.0),
-/// which is still read (the new counters start at zero).
-pub(super) const VALUES: usize = 25;
+/// Values per entry in the file: version 3 (0.6.0) has [`VALUES`] (every counter of the
+/// table, in its order), at least the 25 of 0.6.0; version 2 (0.5.0) has 6, and is still read.
+/// A counter added at the end of the table needs no new version: a file with fewer values
+/// (a version 3 file from before it) is read, its new counters starting at zero; a file
+/// with more (from a later dedup) is refused.
+pub(super) const VALUES_V3: usize = 25;
 pub(super) const VALUES_V2: usize = 6;
+const _: () = assert!(
+    VALUES >= VALUES_V3,
+    "counters are only added, at the table's end"
+);
 pub(super) const HEADER: usize = 4 * 4 + 3 * 8;
 pub(super) const fn record(values: usize) -> usize {
     std::mem::size_of::<Key>() + 8 * values
@@ -97,16 +104,17 @@ pub(super) fn check_file(data: &[u8]) -> Result<(usize, usize), String> {
     if u32_at(0) != FILE_MAGIC {
         return Err("not a dedup counter file".into());
     }
-    let values = match u32_at(4) {
-        FILE_VERSION => VALUES,
-        2 => VALUES_V2,
+    let values = u32_at(12) as usize;
+    let known = match u32_at(4) {
+        FILE_VERSION => VALUES_V3..=VALUES,
+        2 => VALUES_V2..=VALUES_V2,
         v => {
             return Err(format!(
                 "format {v}, not {FILE_VERSION} or 2 (written by another version of dedup)"
             ))
         }
     };
-    if u32_at(8) as usize != std::mem::size_of::<Key>() || u32_at(12) as usize != values {
+    if u32_at(8) as usize != std::mem::size_of::<Key>() || !known.contains(&values) {
         return Err("entries of another layout".into());
     }
     if u64::from_le_bytes(sum.try_into().unwrap()) != checksum(body) {
@@ -232,8 +240,9 @@ pub(super) unsafe fn read_file() {
             init_entry(e, (*SHARED).next_generation.fetch_add(1, Ordering::Relaxed));
         }
         let v = |n: usize| u64_at(at + std::mem::size_of::<Key>() + 8 * n);
-        // A version 2 file has the first six; the others stay as init_entry left them.
-        for (n, f) in Entry::values(e).into_iter().enumerate().take(values) {
+        // A file of fewer values (version 2's six, or a version 3 file from before a counter
+        // was added) has the first ones; the others stay as init_entry left them.
+        for (n, f) in Entry::values(e).iter().enumerate().take(values) {
             f.store(v(n), Ordering::Relaxed);
         }
     }

@@ -71,10 +71,6 @@ pub enum Event {
 /// that exactly, against each scope's own retention.
 pub const AGE_BOUNDS: [u64; 9] = [1, 60, 600, 3600, 21_600, 43_200, 86_400, 302_400, 604_800];
 const AGE_BUCKETS: usize = AGE_BOUNDS.len() + 1;
-const _: () = assert!(
-    VALUES == 15 + AGE_BUCKETS,
-    "Entry::values lists every counter"
-);
 
 /// Backend-local: the entry this backend counted into last, and its generation.
 struct Cached {
@@ -174,19 +170,6 @@ unsafe fn entry_for(scope: &str) -> Option<*mut Entry> {
     }
 }
 
-/// The counter at `f`, through a reference of its own, never one to the whole Entry: a
-/// reset in another backend may be rewriting the slot's key (the miscount of one the module
-/// accepts), and a reference to the Entry would assert that nobody writes it.
-///
-/// # Safety
-///
-/// `f` points to a counter of an entry of the shared table (an atomic, shared across
-/// processes with no lock).
-#[inline]
-unsafe fn field<'a>(f: *const AtomicU64) -> &'a AtomicU64 {
-    &*f
-}
-
 /// Add `event` to the counters of `entry`, at `now` (the transaction's start).
 ///
 /// # Safety
@@ -194,48 +177,48 @@ unsafe fn field<'a>(f: *const AtomicU64) -> &'a AtomicU64 {
 /// `entry` points to an entry of the shared table (entry_for's).
 #[inline]
 unsafe fn add(entry: *mut Entry, scope: &str, event: Event, now: u64) {
+    // SAFETY: the contract above is Counter::of's; every counter here has one value.
+    let c = |counter: Counter| counter.of(entry, 0);
     match event {
         Event::Claim | Event::Claims(_) => {
             let n = if let Event::Claims(n) = event { n } else { 1 };
-            field(std::ptr::addr_of!((*entry).claims)).fetch_add(n, Ordering::Relaxed);
-            advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
+            c(CLAIMS).fetch_add(n, Ordering::Relaxed);
+            advance(c(LAST_CLAIM_AT), now);
         }
         Event::Duplicate { claimed_at } | Event::Busy { claimed_at, .. } => {
             let counter = if matches!(event, Event::Duplicate { .. }) {
-                std::ptr::addr_of!((*entry).duplicates)
+                DUPLICATES
             } else {
-                std::ptr::addr_of!((*entry).busy)
+                BUSY
             };
-            field(counter).fetch_add(1, Ordering::Relaxed);
-            advance(field(std::ptr::addr_of!((*entry).last_duplicate_at)), now);
+            c(counter).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_DUPLICATE_AT), now);
             if claimed_at > 0 {
                 add_age(entry, scope, claimed_at, now);
             }
             if let Event::Busy { waited, .. } = event {
                 if waited > 0 {
                     let waited = waited as u64;
-                    field(std::ptr::addr_of!((*entry).waits)).fetch_add(1, Ordering::Relaxed);
-                    field(std::ptr::addr_of!((*entry).wait_sum))
-                        .fetch_add(waited, Ordering::Relaxed);
-                    field(std::ptr::addr_of!((*entry).wait_max))
-                        .fetch_max(waited, Ordering::Relaxed);
+                    c(WAITS).fetch_add(1, Ordering::Relaxed);
+                    c(WAIT_SUM).fetch_add(waited, Ordering::Relaxed);
+                    c(WAIT_MAX).fetch_max(waited, Ordering::Relaxed);
                 }
             }
         }
         Event::FingerprintMismatch => {
-            field(std::ptr::addr_of!((*entry).mismatches)).fetch_add(1, Ordering::Relaxed);
-            advance(field(std::ptr::addr_of!((*entry).last_used_at)), now);
+            c(MISMATCHES).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_USED_AT), now);
         }
         Event::Batch => {
-            field(std::ptr::addr_of!((*entry).batches)).fetch_add(1, Ordering::Relaxed);
+            c(BATCHES).fetch_add(1, Ordering::Relaxed);
         }
         Event::Advance { raised: true } => {
-            field(std::ptr::addr_of!((*entry).advances)).fetch_add(1, Ordering::Relaxed);
-            advance(field(std::ptr::addr_of!((*entry).last_claim_at)), now);
+            c(ADVANCES).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_CLAIM_AT), now);
         }
         Event::Advance { raised: false } => {
-            field(std::ptr::addr_of!((*entry).duplicates)).fetch_add(1, Ordering::Relaxed);
-            advance(field(std::ptr::addr_of!((*entry).last_duplicate_at)), now);
+            c(DUPLICATES).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_DUPLICATE_AT), now);
         }
     }
 }
@@ -250,20 +233,17 @@ unsafe fn add(entry: *mut Entry, scope: &str, event: Event, now: u64) {
 #[inline]
 unsafe fn add_age(entry: *mut Entry, scope: &str, claimed_at: i64, now: u64) {
     let age = (now as i64 - claimed_at).max(0) as u64;
-    field(std::ptr::addr_of!((*entry).age_sum)).fetch_add(age / 1000, Ordering::Relaxed);
-    field(std::ptr::addr_of!((*entry).age_max)).fetch_max(age, Ordering::Relaxed);
+    AGE_SUM
+        .of(entry, 0)
+        .fetch_add(age / 1000, Ordering::Relaxed);
+    AGE_MAX.of(entry, 0).fetch_max(age, Ordering::Relaxed);
     let bucket = AGE_BOUNDS
         .iter()
         .position(|b| age <= b * 1_000_000)
         .unwrap_or(AGE_BOUNDS.len());
-    field(
-        std::ptr::addr_of!((*entry).ages)
-            .cast::<AtomicU64>()
-            .add(bucket),
-    )
-    .fetch_add(1, Ordering::Relaxed);
+    AGES.of(entry, bucket).fetch_add(1, Ordering::Relaxed);
     if age > late_after(scope) {
-        field(std::ptr::addr_of!((*entry).late_duplicates)).fetch_add(1, Ordering::Relaxed);
+        LATE_DUPLICATES.of(entry, 0).fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -389,5 +369,70 @@ mod tests {
         dirty_stack(0x55);
         let b = key_bytes("scope", "consumer");
         assert_eq!(a, b);
+    }
+
+    /// The table of counters and `dedup.stats_counters` agree: its columns after the key's
+    /// are the table's counters that have a column, in the table's order, each of the type
+    /// its `Shown` says. A counter added to the table and not to the function (or the
+    /// reverse) fails here.
+    #[pg_test]
+    fn the_counters_are_the_functions_columns() {
+        let columns: Vec<(String, String)> = Spi::connect(|c| {
+            c.select(
+                "SELECT a.name::text, pg_catalog.format_type(a.type, NULL) \
+                   FROM pg_catalog.pg_proc AS p, \
+                        unnest(p.proargnames, p.proallargtypes, p.proargmodes) \
+                            WITH ORDINALITY AS a(name, type, mode, n) \
+                  WHERE p.oid = 'dedup.stats_counters()'::pg_catalog.regprocedure \
+                    AND a.mode = 't' ORDER BY a.n",
+                None,
+                &[],
+            )?
+            .map(|row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap(),
+                    row.get::<String>(2)?.unwrap(),
+                ))
+            })
+            .collect::<Result<Vec<_>, pgrx::spi::SpiError>>()
+        })
+        .unwrap();
+        let key = ["datname", "scope", "consumer"];
+        assert_eq!(
+            columns
+                .iter()
+                .take(3)
+                .map(|c| c.0.as_str())
+                .collect::<Vec<_>>(),
+            key
+        );
+        let shown: Vec<(String, String)> = COUNTERS
+            .iter()
+            .filter(|c| !c.column.is_empty())
+            .map(|c| {
+                let t = match c.shown {
+                    Shown::Count => "bigint",
+                    Shown::Time => "timestamp with time zone",
+                    Shown::Millis | Shown::Micros => "interval",
+                    Shown::Buckets => "bigint[]",
+                };
+                (c.column.to_string(), t.to_string())
+            })
+            .collect();
+        assert_eq!(columns[3..].to_vec(), shown);
+    }
+
+    /// The table lays its counters end to end: each starts where the one before it ends,
+    /// and an entry holds them all (the counter file's layout).
+    #[pg_test]
+    fn the_counters_are_laid_end_to_end() {
+        let mut at = 0;
+        for c in COUNTERS {
+            assert_eq!(c.at, at, "{}", c.column);
+            assert!(c.len >= 1);
+            at += c.len;
+        }
+        assert_eq!(at, VALUES);
+        assert_eq!(AGES.len, AGE_BOUNDS.len() + 1);
     }
 }

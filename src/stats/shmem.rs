@@ -67,75 +67,140 @@ pub(super) fn truncate_utf8(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// One entry of the shared hash table (the key must come first).
+/// What a counter holds, which says how `dedup.stats_counters` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// A count (bigint).
+    Count,
+    /// A time, microseconds since 2000-01-01 (timestamptz); 0 = never (NULL).
+    Time,
+    /// Milliseconds (interval).
+    Millis,
+    /// Microseconds (interval).
+    Micros,
+    /// One count per bucket of [`AGE_BOUNDS`] (bigint[]).
+    Buckets,
+}
+
+/// A counter: where its values are in an entry, how many there are (1, or the buckets),
+/// its column of `dedup.stats_counters` ("" for a counter kept but not shown), and how it is
+/// shown there.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Counter {
+    pub(super) at: usize,
+    pub(super) len: usize,
+    /// Read by the tests that compare the table with the catalog.
+    #[cfg_attr(not(feature = "pg_test"), allow(dead_code))]
+    pub(super) column: &'static str,
+    pub(super) shown: Shown,
+}
+
+impl Counter {
+    /// This counter of the entry at `e` (its first bucket for [`Shown::Buckets`]), through
+    /// a reference of its own, never one to the whole Entry: a reset in another backend may
+    /// be rewriting the slot's key (the miscount of one the module accepts), and a
+    /// reference to the Entry would assert that nobody writes it.
+    ///
+    /// # Safety
+    ///
+    /// `e` points to an entry of the shared table (its counters are atomics, shared across
+    /// processes with no lock), and `i < self.len`.
+    #[inline]
+    pub(super) unsafe fn of<'a>(self, e: *const Entry, i: usize) -> &'a AtomicU64 {
+        debug_assert!(i < self.len);
+        &*std::ptr::addr_of!((*e).counters)
+            .cast::<AtomicU64>()
+            .add(self.at + i)
+    }
+}
+
+/// The table of counters, the one place a counter is defined: `counters! { NAME: shown
+/// "column" (* buckets), ... }` makes a [`Counter`] constant for each, [`COUNTERS`] in this
+/// order, and [`VALUES`], the u64s an entry holds. The order is the counter file's, and
+/// `dedup.stats_counters`'s columns after the key's (stats::tests::the_counters_are_the_functions_columns
+/// compares them with the catalog): a new counter goes at the end, and an entry, the
+/// file, the reset and the rows follow. Its column is added to `sql::stats_counters` and to
+/// the view `dedup.stats`.
+macro_rules! counters {
+    ($($name:ident: $shown:ident $column:literal $(* $len:expr)?,)*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms, dead_code)]
+        #[derive(Clone, Copy)]
+        enum Index { $($name,)* End }
+        const LENS: [usize; Index::End as usize] = [$(counters!(@len $($len)?),)*];
+        /// Where the counter at index `i` of the table starts.
+        const fn offset(i: usize) -> usize {
+            let (mut sum, mut j) = (0, 0);
+            while j < i {
+                sum += LENS[j];
+                j += 1;
+            }
+            sum
+        }
+        $(pub(super) const $name: Counter = Counter {
+            at: offset(Index::$name as usize),
+            len: LENS[Index::$name as usize],
+            column: $column,
+            shown: Shown::$shown,
+        };)*
+        /// Every counter, in the table's order (read by the tests that compare the table
+        /// with the catalog).
+        #[cfg_attr(not(feature = "pg_test"), allow(dead_code))]
+        pub(super) const COUNTERS: [Counter; Index::End as usize] = [$($name,)*];
+        /// The u64 values of an entry (a counter with buckets holds one per bucket).
+        pub(super) const VALUES: usize = offset(Index::End as usize);
+    };
+    (@len) => { 1 };
+    (@len $len:expr) => { $len };
+}
+
+counters! {
+    // Calls that took a job: try_claim true, lease acquired, each job of a batch.
+    CLAIMS: Count "claims",
+    // Copies of jobs already done.
+    DUPLICATES: Count "duplicates",
+    // Copies that found a concurrent holder.
+    BUSY: Count "busy",
+    // Another payload fingerprint (YD001).
+    MISMATCHES: Count "fingerprint_mismatches",
+    LAST_CLAIM_AT: Time "last_claim_at",
+    LAST_DUPLICATE_AT: Time "last_duplicate_at",
+    // The last fingerprint mismatch: kept, and saved, but not a column.
+    LAST_USED_AT: Time "",
+    // Duplicates (and busy copies) whose claim was older than half its scope's retention.
+    LATE_DUPLICATES: Count "late_duplicates",
+    // Ages of the claims duplicates hit: their sum (milliseconds, so that a million copies
+    // a day of day-old claims take centuries to overflow), the largest (microseconds), and
+    // a count per bucket of AGE_BOUNDS.
+    AGE_SUM: Millis "duplicate_age_sum",
+    AGE_MAX: Micros "duplicate_age_max",
+    AGES: Buckets "duplicate_ages" * AGE_BUCKETS,
+    // Claims that waited for a concurrent holder of the same job: how many, and the time
+    // waited (microseconds): in all, and the longest.
+    WAITS: Count "waits",
+    WAIT_SUM: Micros "wait_time",
+    WAIT_MAX: Micros "wait_max",
+    // try_claim_many calls, and dedup.advance calls that raised a mark.
+    BATCHES: Count "batches",
+    ADVANCES: Count "advances",
+}
+
+/// One entry of the shared hash table (the key must come first): its generation, then the
+/// counters of [`COUNTERS`], each at its `at`.
 #[repr(C)]
 pub(super) struct Entry {
     pub(super) key: Key,
     pub(super) generation: AtomicU64,
-    pub(super) claims: AtomicU64,
-    pub(super) duplicates: AtomicU64,
-    pub(super) busy: AtomicU64,
-    pub(super) mismatches: AtomicU64,
-    /// Timestamps (microseconds since 2000-01-01, as timestamptz); 0 = never.
-    pub(super) last_claim_at: AtomicU64,
-    pub(super) last_duplicate_at: AtomicU64,
-    /// The last fingerprint mismatch.
-    pub(super) last_used_at: AtomicU64,
-    /// Duplicates (and busy copies) whose claim was older than half its scope's retention.
-    pub(super) late_duplicates: AtomicU64,
-    /// Ages of the claims duplicates hit: their sum (milliseconds, so that a million
-    /// copies a day of day-old claims take centuries to overflow), the largest
-    /// (microseconds), and a count per bucket of AGE_BOUNDS.
-    pub(super) age_sum: AtomicU64,
-    pub(super) age_max: AtomicU64,
-    pub(super) ages: [AtomicU64; AGE_BUCKETS],
-    /// Claims that waited for a concurrent holder of the same job: how many, and the time
-    /// waited (microseconds): in all, and the longest.
-    pub(super) waits: AtomicU64,
-    pub(super) wait_sum: AtomicU64,
-    pub(super) wait_max: AtomicU64,
-    /// try_claim_many calls, and dedup.advance calls that raised a mark.
-    pub(super) batches: AtomicU64,
-    pub(super) advances: AtomicU64,
+    pub(super) counters: [AtomicU64; VALUES],
 }
 
 impl Entry {
-    /// Every counter, in the order of the counter file (version 3); the first six are
-    /// version 2's.
+    /// Every counter's values, in the order of the counter file.
     ///
     /// # Safety
     ///
     /// `e` points to an entry of the shared table (its counters are atomics).
-    pub(super) unsafe fn values<'a>(e: *const Entry) -> [&'a AtomicU64; VALUES] {
-        let f = |p: *const AtomicU64| &*p;
-        let a = std::ptr::addr_of!((*e).ages).cast::<AtomicU64>();
-        [
-            f(std::ptr::addr_of!((*e).claims)),
-            f(std::ptr::addr_of!((*e).duplicates)),
-            f(std::ptr::addr_of!((*e).busy)),
-            f(std::ptr::addr_of!((*e).mismatches)),
-            f(std::ptr::addr_of!((*e).last_claim_at)),
-            f(std::ptr::addr_of!((*e).last_duplicate_at)),
-            f(std::ptr::addr_of!((*e).last_used_at)),
-            f(std::ptr::addr_of!((*e).late_duplicates)),
-            f(std::ptr::addr_of!((*e).age_sum)),
-            f(std::ptr::addr_of!((*e).age_max)),
-            f(a),
-            f(a.add(1)),
-            f(a.add(2)),
-            f(a.add(3)),
-            f(a.add(4)),
-            f(a.add(5)),
-            f(a.add(6)),
-            f(a.add(7)),
-            f(a.add(8)),
-            f(a.add(9)),
-            f(std::ptr::addr_of!((*e).waits)),
-            f(std::ptr::addr_of!((*e).wait_sum)),
-            f(std::ptr::addr_of!((*e).wait_max)),
-            f(std::ptr::addr_of!((*e).batches)),
-            f(std::ptr::addr_of!((*e).advances)),
-        ]
+    pub(super) unsafe fn values<'a>(e: *const Entry) -> &'a [AtomicU64; VALUES] {
+        &*std::ptr::addr_of!((*e).counters)
     }
 }
 
@@ -526,23 +591,15 @@ pub struct Row {
     pub dbid: pg_sys::Oid,
     pub scope: String,
     pub consumer: String,
-    pub claims: i64,
-    pub duplicates: i64,
-    pub busy: i64,
-    pub mismatches: i64,
-    pub last_claim_at: Option<i64>,
-    pub last_duplicate_at: Option<i64>,
-    pub late_duplicates: i64,
-    /// Milliseconds.
-    pub age_sum: i64,
-    pub age_max: i64,
-    pub ages: Vec<i64>,
-    pub waits: i64,
-    /// Microseconds.
-    pub wait_sum: i64,
-    pub wait_max: i64,
-    pub batches: i64,
-    pub advances: i64,
+    /// The counters' values, as [`Entry::values`] orders them.
+    pub(super) values: [u64; VALUES],
+}
+
+impl Row {
+    /// The values of `counter` (one, or one per bucket).
+    pub(super) fn get(&self, counter: Counter) -> &[u64] {
+        &self.values[counter.at..counter.at + counter.len]
+    }
 }
 
 pub(super) fn ts(v: u64) -> Option<i64> {
@@ -571,31 +628,12 @@ pub fn rows() -> Vec<Row> {
                         e.key.scope().to_string()
                     },
                     consumer: e.key.consumer().to_string(),
-                    claims: e.claims.load(Ordering::Relaxed) as i64,
-                    duplicates: e.duplicates.load(Ordering::Relaxed) as i64,
-                    busy: e.busy.load(Ordering::Relaxed) as i64,
-                    mismatches: e.mismatches.load(Ordering::Relaxed) as i64,
-                    last_claim_at: ts(e.last_claim_at.load(Ordering::Relaxed)),
-                    last_duplicate_at: ts(e.last_duplicate_at.load(Ordering::Relaxed)),
-                    late_duplicates: e.late_duplicates.load(Ordering::Relaxed) as i64,
-                    age_sum: i64::try_from(e.age_sum.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
-                    age_max: e.age_max.load(Ordering::Relaxed) as i64,
-                    ages: e
-                        .ages
-                        .iter()
-                        .map(|a| a.load(Ordering::Relaxed) as i64)
-                        .collect(),
-                    waits: e.waits.load(Ordering::Relaxed) as i64,
-                    wait_sum: e.wait_sum.load(Ordering::Relaxed) as i64,
-                    wait_max: e.wait_max.load(Ordering::Relaxed) as i64,
-                    batches: e.batches.load(Ordering::Relaxed) as i64,
-                    advances: e.advances.load(Ordering::Relaxed) as i64,
+                    values: std::array::from_fn(|i| e.counters[i].load(Ordering::Relaxed)),
                 }
             })
             .filter(|r: &Row| {
                 // The overflow entry, once it has counted something.
-                r.dbid != pg_sys::InvalidOid
-                    || r.claims + r.duplicates + r.busy + r.mismatches + r.batches + r.advances > 0
+                r.dbid != pg_sys::InvalidOid || r.values.iter().any(|v| *v != 0)
             })
             .collect();
         pg_sys::LWLockRelease(shared.lock);

@@ -44,7 +44,6 @@ pub(super) fn stats_counters() -> TableIterator<
         warn_not_preloaded("dedup.stats");
         return TableIterator::new(Vec::new());
     }
-    let to_ts = |t: Option<i64>| t.and_then(|t| TimestampWithTimeZone::try_from(t).ok());
     let rows: Vec<_> = rows()
         .into_iter()
         .map(|r| {
@@ -56,29 +55,57 @@ pub(super) fn stats_counters() -> TableIterator<
                 let n = pg_sys::get_database_name(r.dbid);
                 (!n.is_null()).then(|| std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned())
             };
+            let count = |c: Counter| shown_count(&r, c);
+            let interval = |c: Counter| shown_interval(&r, c);
             (
                 datname,
-                r.scope,
-                r.consumer,
-                r.claims,
-                r.duplicates,
-                r.busy,
-                r.mismatches,
-                to_ts(r.last_claim_at),
-                to_ts(r.last_duplicate_at),
-                r.late_duplicates,
-                micros(r.age_sum.saturating_mul(1000)),
-                micros(r.age_max),
-                r.ages,
-                r.waits,
-                micros(r.wait_sum),
-                micros(r.wait_max),
-                r.batches,
-                r.advances,
+                r.scope.clone(),
+                r.consumer.clone(),
+                count(CLAIMS),
+                count(DUPLICATES),
+                count(BUSY),
+                count(MISMATCHES),
+                shown_time(&r, LAST_CLAIM_AT),
+                shown_time(&r, LAST_DUPLICATE_AT),
+                count(LATE_DUPLICATES),
+                interval(AGE_SUM),
+                interval(AGE_MAX),
+                shown_buckets(&r, AGES),
+                count(WAITS),
+                interval(WAIT_SUM),
+                interval(WAIT_MAX),
+                count(BATCHES),
+                count(ADVANCES),
             )
         })
         .collect();
     TableIterator::new(rows)
+}
+
+fn shown_count(r: &Row, c: Counter) -> i64 {
+    debug_assert_eq!(c.shown, Shown::Count);
+    r.get(c)[0] as i64
+}
+
+fn shown_time(r: &Row, c: Counter) -> Option<TimestampWithTimeZone> {
+    debug_assert_eq!(c.shown, Shown::Time);
+    ts(r.get(c)[0]).and_then(|t| TimestampWithTimeZone::try_from(t).ok())
+}
+
+fn shown_interval(r: &Row, c: Counter) -> Interval {
+    let v = i64::try_from(r.get(c)[0]).unwrap_or(i64::MAX);
+    match c.shown {
+        Shown::Millis => micros(v.saturating_mul(1000)),
+        _ => {
+            debug_assert_eq!(c.shown, Shown::Micros);
+            micros(v)
+        }
+    }
+}
+
+fn shown_buckets(r: &Row, c: Counter) -> Vec<i64> {
+    debug_assert_eq!(c.shown, Shown::Buckets);
+    r.get(c).iter().map(|v| *v as i64).collect()
 }
 
 /// An interval of `us` microseconds.
