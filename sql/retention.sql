@@ -1,6 +1,6 @@
 -- dedup's retention: per-scope retention, the record of prune passes, the horizons that
 -- keep a claim its whole retention from when it became visible, the table's health, and
--- dedup.forget with its audit table. The prune itself is src/prune.rs and src/worker.rs.
+-- dedup.forget with its audit table. The prune itself is src/prune/ and src/worker.rs.
 
 CREATE TABLE dedup.scope_retention (
     scope     pg_catalog.text COLLATE pg_catalog."C" NOT NULL PRIMARY KEY,

@@ -7,7 +7,7 @@
 //! `INSERT ... ON CONFLICT DO NOTHING`, run as the caller, so it shares the caller's
 //! connection to that shard with the job's effect (one-node commit when both are
 //! colocated, Citus's two-phase commit otherwise). Pruning then deletes from the shard
-//! placements on each node (prune.rs asks [`local_shards`]).
+//! placements on each node (prune/pass.rs asks [`local_shards`]).
 //!
 //! On a server without Citus nothing here costs a claim more than one read of a cached
 //! flag: [`route`] answers Local without a lookup.

@@ -517,6 +517,10 @@ unsafe fn speculative_claim(
 /// transaction, with a snapshot, CurrentMemoryContext = es_query_cxt, under the pgrx guard
 /// of the #[pg_extern] caller, which re-raises this function's ERRORs (the Rust panics of
 /// pgrx::error! and error::*, and those caught at the pg_sys calls).
+///
+/// Long because its steps (fetch, visibility, lease, fingerprint) all read the one tuple its
+/// slot pins, from the fetch to the slot's drop on either return path, each step with the
+/// contract that makes it sound.
 unsafe fn inspect_conflict(
     func: &str,
     rel: pg_sys::Relation,

@@ -41,7 +41,7 @@ extension_sql_file!(
         lease::check_claim,
         lease::set_result,
         lease::claim_result_row,
-        prune::retention
+        prune::settings::retention
     ]
 );
 // The view dedup.stats over the library's counters.

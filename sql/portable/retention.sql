@@ -1,4 +1,4 @@
--- dedup, portable edition: retention (src/prune.rs). There is no background worker: a
+-- dedup, portable edition: retention (src/prune/). There is no background worker: a
 -- scheduler (pg_cron, or any client) calls dedup.prune() (docs/portable.md).
 
 -- Delete claims older than their retention (all scopes, or one), at most max_rows; returns
@@ -172,7 +172,7 @@ BEGIN
     END IF;
     -- Positive whatever a month's length (months of 28 days, or 31 when fewer than none):
     -- '1 month -29 days' is -1 day after a February of 28 days, when every claim of the
-    -- scope would be expired (src/prune.rs, LENGTHS and SHORTEST).
+    -- scope would be expired (src/prune/settings.rs, LENGTHS and SHORTEST).
     months := date_part('year', retention) * 12 + date_part('month', retention);
     shortest := months * CASE WHEN months >= 0 THEN 2419200 ELSE 2678400 END
                 + date_part('day', retention) * 86400

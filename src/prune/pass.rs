@@ -1,26 +1,14 @@
-//! Retention: deleting claims older than their scope's retention, in short batches.
-//!
-//! The claim table has no index on time: one would cost every claim about 7% more instructions
-//! (docs/retention.md, "How a pass works"). A pass sweeps the table instead. Each batch reads a
-//! range of [`BLOCKS_PER_BATCH`] blocks through a bulk-read buffer ring (as VACUUM and large
-//! sequential scans do, so a pass does not push the working set out of shared_buffers),
-//! collects the expired claims it sees, at most `dedup.prune_batch_size`, and deletes them by
-//! TID with a DELETE that checks their age again and skips rows other transactions have locked.
-//! The background worker commits every batch; `dedup.prune()` runs its batches inside the
-//! caller's transaction. A pass holds the prune lock, which no SQL can take.
-//!
-//! Concurrent claims are never blocked by a prune except for the key being deleted: a
-//! claim of a key whose old row a batch is deleting waits for that batch to commit, then
-//! inserts its new row (one winner, by the primary key, as always).
-use crate::{citus, claim, error, guc};
-use pgrx::datum::{DatumWithOid, Interval, TimestampWithTimeZone};
+//! The pass: the claim tables it sweeps, its batches (a block range read, its expired claims
+//! deleted by TID), its transactions, and the prune lock.
+use super::forgotten::prune_forgotten;
+use super::horizons::{mark_horizon, timestamp, Cutoffs};
+use super::{BLOCKS_PER_BATCH, FUNC};
+use crate::{citus, claim, guc};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-
-/// Blocks read per batch: 8 MB with 8 kB pages.
-pub const BLOCKS_PER_BATCH: u32 = 1024;
 
 /// The lock that keeps two prunes of one database apart: an advisory lock tag (database,
 /// 'dedu', 1) whose fourth field is 3. `pg_advisory_lock` and its kin only ever make tags
@@ -56,7 +44,7 @@ pub fn try_lock_for_session() -> bool {
 
 /// `dedup.prune()`'s wait for the prune lock, held until the caller's transaction ends.
 /// Waits as any lock does: `lock_timeout`, deadlock detection, cancellation.
-fn lock_for_transaction() {
+pub(super) fn lock_for_transaction() {
     let tag = lock_tag();
     // SAFETY: a wait for a heavyweight lock, inside the caller's transaction (its resource
     // owner holds the lock); errors (timeout, deadlock, cancel) are raised through pgrx's
@@ -66,8 +54,6 @@ fn lock_for_transaction() {
         pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as _, false, false);
     }
 }
-
-const FUNC: &str = "dedup.prune";
 
 /// What a pass did.
 #[derive(Default)]
@@ -91,105 +77,6 @@ pub enum Transactions<'a> {
         stop: &'a dyn Fn() -> bool,
         pause: &'a dyn Fn(),
     },
-}
-
-/// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch, and the
-/// horizons a claim's xmin must be below (`dedup._horizon`), so that a claim is kept its
-/// retention from its commit (retention::a_claim_is_kept_its_retention_from_commit).
-struct Cutoffs {
-    /// The batch transaction's start (`now()`).
-    now: i64,
-    global: Cutoff,
-    scopes: HashMap<String, Cutoff>,
-}
-
-/// One retention's cutoff and horizon.
-#[derive(Clone)]
-struct Cutoff {
-    /// Claims whose processed_at is before this are expired.
-    at: i64,
-    /// The xid (as text) an expired claim's xmin must be older than: None when no pass is
-    /// old enough (processed_at alone decides), Some("0") when nothing may be pruned.
-    horizon: Option<String>,
-}
-
-impl Cutoff {
-    /// Nothing of this retention may be pruned now (its horizon is too far back).
-    fn blocked(&self) -> bool {
-        self.horizon.as_deref() == Some("0")
-    }
-}
-
-impl Cutoffs {
-    /// Read the retentions in force now (inside a transaction). `horizons`: the extension
-    /// has dedup._horizons (0.6.0 on; older versions judge by processed_at alone).
-    fn load(horizons: bool) -> Cutoffs {
-        // SAFETY: GetCurrentTransactionStartTimestamp only returns the backend-global
-        // xactStartTimestamp (no ERROR), through pgrx's guarded binding; we are inside a
-        // transaction (dedup.prune()'s, or in_transaction's), on the main thread.
-        let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-        let global_at = now - i64::from(guc::RETENTION.get()) * 1_000_000;
-        let horizon = if horizons {
-            "dedup._horizon(c.cutoff)::pg_catalog.text"
-        } else {
-            "NULL::pg_catalog.text"
-        };
-        // In UTC: a day is 24 hours whatever the session's TimeZone (in a zone with a
-        // daylight-saving jump of 23 hours, '1 day' would last one hour, and the claims of a
-        // one-day scope be pruned after an hour). The row with scope NULL is
-        // dedup.retention's.
-        let query = format!(
-            "SELECT c.scope, c.cutoff, {horizon} \
-               FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
-                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
-                            OPERATOR(pg_catalog.-) r.retention) AS cutoff \
-                       FROM dedup.scope_retention AS r \
-                     UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c"
-        );
-        let (global, scopes) = Spi::connect(|c| {
-            let rows = c.select(&query, None, &[DatumWithOid::from(timestamp(global_at))])?;
-            let mut global = None;
-            let mut scopes = HashMap::new();
-            for row in rows {
-                let scope: Option<String> = row.get(1)?;
-                let at: TimestampWithTimeZone = row.get(2)?.expect("retention is NOT NULL");
-                let cutoff = Cutoff {
-                    at: pg_sys::TimestampTz::from(at),
-                    horizon: row.get(3)?,
-                };
-                match scope {
-                    Some(scope) => {
-                        scopes.insert(scope, cutoff);
-                    }
-                    None => global = Some(cutoff),
-                }
-            }
-            Ok::<_, pgrx::spi::Error>((global.expect("the row of dedup.retention"), scopes))
-        })
-        .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.scope_retention failed: {e}"));
-        Cutoffs {
-            now,
-            global,
-            scopes,
-        }
-    }
-
-    /// The scopes' cutoffs and horizons as parallel arrays, for a statement's parameters.
-    fn arrays(&self) -> (Vec<String>, Vec<TimestampWithTimeZone>, Vec<Option<String>>) {
-        let mut scopes = Vec::new();
-        let mut ats = Vec::new();
-        let mut horizons = Vec::new();
-        for (s, c) in &self.scopes {
-            scopes.push(s.clone());
-            ats.push(timestamp(c.at));
-            horizons.push(c.horizon.clone());
-        }
-        (scopes, ats, horizons)
-    }
-
-    fn of(&self, scope: &str) -> &Cutoff {
-        self.scopes.get(scope).unwrap_or(&self.global)
-    }
 }
 
 /// What a pass deletes from: `dedup.processed`, or on Citus each of its shard placements
@@ -278,6 +165,10 @@ fn table_blocks(target: &Target) -> u32 {
 /// check_layout and `expect` unwind to it, and the abort then releases what this function
 /// did not (the relation reference, the scan's buffer pins and the registered snapshot,
 /// through the resource owner).
+///
+/// Long because the scan it makes (the open relation, the registered snapshot, the
+/// bulk-read scan, the slot) is made and torn down here, around the loop that reads it, each
+/// step with the contract that makes it sound.
 unsafe fn expired_in_range(
     target: &Target,
     start: u32,
@@ -481,14 +372,6 @@ fn with_tid_plans<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// A `timestamptz` of microseconds since 2000-01-01.
-fn timestamp(micros: i64) -> TimestampWithTimeZone {
-    // SAFETY: any i64 is a valid timestamptz datum (infinity included).
-    unsafe {
-        TimestampWithTimeZone::from_datum(pg_sys::Datum::from(micros), false).expect("not null")
-    }
-}
-
 /// What a batch found.
 enum Batch {
     /// It stopped at its row limit: the block range may hold more expired claims after
@@ -573,48 +456,6 @@ pub fn in_transaction<R>(f: impl FnOnce() -> R) -> Result<R, String> {
         }
     }
     result
-}
-
-/// Does this database's dedup have `dedup._horizons` (0.6.0 on), as a member of the
-/// extension? (Inside a transaction.)
-fn has_horizons() -> bool {
-    // SAFETY: syscache lookups inside a transaction, under the caller's guard (the
-    // #[pg_extern] dedup.prune(), or in_transaction's PgTry); InvalidOid for a missing name
-    // or an object of no extension; the names are 'static NUL-terminated C strings.
-    unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
-        if nsp == pg_sys::InvalidOid {
-            return false;
-        }
-        let relid = pg_sys::get_relname_relid(c"_horizons".as_ptr(), nsp);
-        relid != pg_sys::InvalidOid
-            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid)
-                == pg_sys::get_extension_oid(c"dedup".as_ptr(), true)
-    }
-}
-
-/// At a pass's start: record this moment's horizon (dedup._mark_horizon), and warn of a
-/// retention whose horizon is too far back to prune anything. Returns whether the
-/// database has horizons (a database still on an older version of dedup has none).
-fn mark_horizon(scope: Option<&str>) -> bool {
-    if !has_horizons() {
-        return false;
-    }
-    Spi::run_with_args(
-        "SELECT dedup._mark_horizon($1::pg_catalog.float8)",
-        &[DatumWithOid::from(f64::from(guc::RETENTION.get()))],
-    )
-    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune horizon failed: {e}"));
-    let cutoffs = Cutoffs::load(true);
-    if cutoffs.global.blocked() {
-        error::warn_horizon_too_old("dedup.retention");
-    }
-    for (s, c) in &cutoffs.scopes {
-        if c.blocked() && scope.is_none_or(|only| only == s) {
-            error::warn_horizon_too_old(&format!("the retention of scope '{s}'"));
-        }
-    }
-    true
 }
 
 /// Sweep the claim table once, deleting expired claims of `scope` (all scopes when None),
@@ -712,373 +553,3 @@ pub fn run_pass(
     pass.elapsed = started.elapsed();
     Ok(pass)
 }
-
-/// Record a finished pass in `dedup._prune_status`: one row for the pass (key '' for all
-/// scopes, or the scope it was limited to) and one per scope it deleted from.
-pub fn record_pass(scope: Option<&str>, pass: &Pass, by: &str) {
-    let mut keys = vec![scope.unwrap_or("").to_string()];
-    let mut counts = vec![pass.deleted];
-    if scope.is_none() {
-        for (s, n) in &pass.per_scope {
-            keys.push(s.clone());
-            counts.push(*n);
-        }
-    }
-    let args = [
-        DatumWithOid::from(keys),
-        DatumWithOid::from(counts),
-        DatumWithOid::from(pass.elapsed.as_secs_f64()),
-        DatumWithOid::from(by),
-    ];
-    // A whole pass: the next one starts from the beginning (0.6.0 keeps where a worker's
-    // pass cut short stopped; older versions have no such columns).
-    let resume = if has_horizons() {
-        ", resume_target = NULL, resume_block = NULL"
-    } else {
-        ""
-    };
-    Spi::run_with_args(
-        &format!(
-            "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
-             SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), $4 \
-               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
-                               pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
-             ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
-                 rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
-                 pruned_by = excluded.pruned_by, consecutive_failures = 0{resume}"
-        ),
-        &args,
-    )
-    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune failed: {e}"));
-}
-
-/// Where the worker's last pass over all scopes was cut short (its share of time was up),
-/// if it was: the next one goes on from there (0.6.0 on).
-pub fn load_resume() -> Option<(String, u32)> {
-    if !has_horizons() {
-        return None;
-    }
-    let row = Spi::get_two::<String, i64>(
-        "SELECT s.resume_target, s.resume_block FROM dedup._prune_status AS s \
-          WHERE s.scope OPERATOR(pg_catalog.=) ''",
-    );
-    match row {
-        Ok((Some(target), Some(block))) => Some((target, u32::try_from(block).unwrap_or(0))),
-        _ => None,
-    }
-}
-
-/// Keep where a pass cut short stopped, for the next one, and record in each scope's row
-/// what it deleted there. The row of all scopes is not a pass's: its last_pass_at stays
-/// that of the last whole pass.
-pub fn save_resume(at: &(String, u32), pass: &Pass) {
-    if !has_horizons() {
-        return;
-    }
-    Spi::run_with_args(
-        "INSERT INTO dedup._prune_status AS s (scope, pruned_by, resume_target, resume_block) \
-         VALUES ('', 'worker', $1, $2) \
-         ON CONFLICT (scope) DO UPDATE SET resume_target = excluded.resume_target, \
-             resume_block = excluded.resume_block",
-        &[
-            DatumWithOid::from(at.0.as_str()),
-            DatumWithOid::from(i64::from(at.1)),
-        ],
-    )
-    .unwrap_or_else(|e| pgrx::error!("dedup: recording where the prune stopped failed: {e}"));
-    let (scopes, counts): (Vec<String>, Vec<i64>) =
-        pass.per_scope.iter().map(|(s, n)| (s.clone(), *n)).unzip();
-    if scopes.is_empty() {
-        return;
-    }
-    Spi::run_with_args(
-        "INSERT INTO dedup._prune_status AS s (scope, last_pass_at, rows_deleted, duration, pruned_by) \
-         SELECT k.scope, pg_catalog.now(), k.n, pg_catalog.make_interval(secs => $3), 'worker' \
-           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), \
-                           pg_catalog.unnest($2::pg_catalog.int8[])) AS k(scope, n) \
-         ON CONFLICT (scope) DO UPDATE SET last_pass_at = excluded.last_pass_at, \
-             rows_deleted = excluded.rows_deleted, duration = excluded.duration, \
-             pruned_by = excluded.pruned_by",
-        &[
-            DatumWithOid::from(scopes),
-            DatumWithOid::from(counts),
-            DatumWithOid::from(pass.elapsed.as_secs_f64()),
-        ],
-    )
-    .unwrap_or_else(|e| pgrx::error!("dedup: recording the prune failed: {e}"));
-}
-
-/// Record a failed worker pass; returns how many passes in a row have failed.
-pub fn record_failure(message: &str) -> i32 {
-    Spi::get_one_with_args::<i32>(
-        "INSERT INTO dedup._prune_status AS s (scope, pruned_by, consecutive_failures, last_error, last_error_at) \
-         VALUES ('', 'worker', 1, $1, pg_catalog.now()) \
-         ON CONFLICT (scope) DO UPDATE SET \
-             consecutive_failures = s.consecutive_failures OPERATOR(pg_catalog.+) 1, \
-             last_error = excluded.last_error, last_error_at = excluded.last_error_at \
-         RETURNING s.consecutive_failures",
-        &[DatumWithOid::from(message)],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(1)
-}
-
-/// Is the worker backing off after failed passes? Waits double with every failure in a
-/// row: one interval, two, four, ... at most 64 intervals.
-pub fn backing_off(interval: Duration) -> bool {
-    let row = Spi::get_two::<i32, TimestampWithTimeZone>(
-        "SELECT s.consecutive_failures, s.last_error_at FROM dedup._prune_status AS s \
-          WHERE s.scope OPERATOR(pg_catalog.=) ''",
-    );
-    let Ok((Some(failures), Some(at))) = row else {
-        return false;
-    };
-    if failures <= 0 {
-        return false;
-    }
-    let wait = interval.as_micros() as i64 * (1i64 << (failures - 1).min(6));
-    // SAFETY: GetCurrentTransactionStartTimestamp only returns the backend-global
-    // xactStartTimestamp (no ERROR); called inside in_transaction, on the main thread.
-    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
-    now < pg_sys::TimestampTz::from(at) + wait
-}
-
-fn check_writable() {
-    // SAFETY: RecoveryInProgress goes through pgrx's guarded binding (it reads the shared
-    // recovery state, no ERROR); XactReadOnly is a plain read of a backend-global bool. The
-    // caller is the #[pg_extern] dedup.prune(), whose wrapper turns error::*'s panics into
-    // ERRORs.
-    unsafe {
-        if pg_sys::RecoveryInProgress() {
-            error::on_standby(FUNC);
-        }
-        if pg_sys::XactReadOnly {
-            error::read_only(FUNC);
-        }
-    }
-}
-
-/// `dedup.prune(scope, max_rows)`: delete expired claims now, in the caller's transaction.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn prune(scope: default!(Option<&str>, "NULL"), max_rows: default!(Option<i64>, "NULL")) -> i64 {
-    if let Some(n) = max_rows.filter(|n| *n <= 0) {
-        error::not_positive(FUNC, "max_rows", &n.to_string());
-    }
-    check_writable();
-    let retention = guc::RETENTION.get();
-    let (shortest, what) = guc::shortest_sensible_retention();
-    if retention < shortest {
-        error::warn_short_retention("dedup.retention", i64::from(retention), shortest, what);
-    }
-    // Waits for a running prune of this database (the worker's, or another session's).
-    lock_for_transaction();
-    let pass = run_pass(scope, max_rows, &Transactions::Caller, None)
-        .expect("errors are raised, not returned");
-    // SAFETY: GetSessionUserId reads a backend-global (an Assert only);
-    // GetUserNameFromId(noerr = false) raises an ERROR for a role that no longer exists,
-    // through this #[pg_extern]'s guard, and otherwise returns a NUL-terminated name
-    // pstrdup'd in CurrentMemoryContext, valid for this call and copied out at once.
-    let by = unsafe {
-        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetSessionUserId(), false))
-            .to_string_lossy()
-            .into_owned()
-    };
-    record_pass(scope, &pass, &by);
-    pass.deleted
-}
-
-/// `dedup._caller()`: the role that called the SECURITY DEFINER function we are in (the
-/// session's current role, or the role of SET ROLE), for dedup.forget's audit row.
-#[pg_extern(name = "_caller", stable, parallel_safe)]
-pub(crate) fn caller() -> String {
-    // SAFETY: GetOuterUserId reads a global; GetUserNameFromId(noerr = false) raises an
-    // ERROR for a role that no longer exists, through this #[pg_extern]'s guard, and
-    // otherwise returns a NUL-terminated name palloc'd in CurrentMemoryContext, copied out
-    // at once.
-    unsafe {
-        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetOuterUserId(), false))
-            .to_string_lossy()
-            .into_owned()
-    }
-}
-
-/// Delete the audit rows of dedup.forget older than their scope's retention (0.6.0 on; a
-/// database whose extension is older has no such table). Few rows: one statement, the
-/// retentions passed in (on Citus dedup.scope_retention is a reference table, which a
-/// statement on the node's own dedup.forgotten cannot join).
-fn prune_forgotten(scope: Option<&str>) -> i64 {
-    // SAFETY: syscache lookups inside a transaction, under the caller's guard; InvalidOid
-    // for a missing name.
-    let relid = unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
-        if nsp == pg_sys::InvalidOid {
-            return 0;
-        }
-        pg_sys::get_relname_relid(c"forgotten".as_ptr(), nsp)
-    };
-    if relid == pg_sys::InvalidOid {
-        return 0;
-    }
-    // Only the extension's own table (no other role can create one in the schema dedup,
-    // whose CREATE privilege is the owner's; checked anyway: the worker is a superuser).
-    let member = Spi::get_one_with_args::<bool>(
-        "SELECT EXISTS (SELECT FROM pg_catalog.pg_depend AS d \
-                         WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass \
-                           AND d.objid OPERATOR(pg_catalog.=) $1 \
-                           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
-                           AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog.\"char\")",
-        &[DatumWithOid::from(relid)],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or(false);
-    if !member {
-        return 0;
-    }
-    let cutoffs = Cutoffs::load(false);
-    let (scopes, limits, _) = cutoffs.arrays();
-    Spi::connect_mut(|c| {
-        c.update(
-            "DELETE FROM dedup.forgotten AS f \
-              WHERE f.forgotten_at OPERATOR(pg_catalog.<) COALESCE( \
-                      (SELECT c.cutoff \
-                         FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]), \
-                                         pg_catalog.unnest($3::pg_catalog.timestamptz[])) AS c(scope, cutoff) \
-                        WHERE c.scope OPERATOR(pg_catalog.=) f.scope), \
-                      $1::pg_catalog.timestamptz) \
-                AND ($4::pg_catalog.text IS NULL OR f.scope OPERATOR(pg_catalog.=) $4)",
-            None,
-            &[
-                DatumWithOid::from(timestamp(cutoffs.global.at)),
-                DatumWithOid::from(scopes),
-                DatumWithOid::from(limits),
-                DatumWithOid::from(scope),
-            ],
-        )
-        .map(|t| t.len() as i64)
-    })
-    .unwrap_or_else(|e| pgrx::error!("dedup: pruning dedup.forgotten failed: {e}"))
-}
-
-/// The parts of an interval `$1` (months, days, the rest in seconds) and its length in
-/// seconds (months of 30 days, years of 365.25), as a FROM item `l`: set_retention refuses a
-/// retention that is not positive in every month with it
-/// (retention::a_retention_positive_only_in_some_months_is_refused).
-const LENGTHS: &str = "(SELECT p.epoch, p.months, p.days, \
-        pg_catalog.date_part('epoch', $1::pg_catalog.interval OPERATOR(pg_catalog.-) \
-            pg_catalog.make_interval(months => p.months::pg_catalog.int4, \
-                                     days => p.days::pg_catalog.int4)) AS secs \
-   FROM (SELECT pg_catalog.date_part('epoch', $1::pg_catalog.interval) AS epoch, \
-                (pg_catalog.date_part('year', $1::pg_catalog.interval) OPERATOR(pg_catalog.*) 12) \
-                OPERATOR(pg_catalog.+) pg_catalog.date_part('month', $1::pg_catalog.interval) AS months, \
-                pg_catalog.date_part('day', $1::pg_catalog.interval) AS days) AS p) AS l";
-/// The shortest an interval of `l` (LENGTHS) can be, in seconds: its months of 28 days
-/// each, or of 31 days when there are fewer than none. (Operators written OPERATOR() all
-/// bind alike, left to right: hence the parentheses.)
-const SHORTEST: &str = "((l.months OPERATOR(pg_catalog.*) CASE WHEN l.months OPERATOR(pg_catalog.>=) 0 \
-        THEN 2419200 ELSE 2678400 END) OPERATOR(pg_catalog.+) (l.days OPERATOR(pg_catalog.*) 86400)) \
-        OPERATOR(pg_catalog.+) l.secs";
-
-/// `dedup.set_retention(scope, retention)`: give `scope` its own retention; NULL removes it.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn set_retention(scope: Option<&str>, retention: Option<Interval>) {
-    const F: &str = "dedup.set_retention";
-    let scope = scope.unwrap_or_else(|| error::null_argument(F, "scope"));
-    claim::check_scope(F, scope);
-    let Some(retention) = retention else {
-        Spi::run_with_args(
-            "DELETE FROM dedup.scope_retention WHERE scope OPERATOR(pg_catalog.=) $1",
-            &[DatumWithOid::from(scope)],
-        )
-        .unwrap_or_else(|e| pgrx::error!("{F}: deleting from dedup.scope_retention failed: {e}"));
-        return;
-    };
-    // Its length in seconds (a month counted as 30 days), and its shortest whatever a
-    // month's length: '1 month -29 days' is 1 day by the first, -1 day after February.
-    let lengths = Spi::get_two_with_args::<f64, f64>(
-        &format!("SELECT l.epoch, {SHORTEST} FROM {LENGTHS}"),
-        &[DatumWithOid::from(retention)],
-    );
-    let (seconds, shortest_month) = match lengths {
-        Ok((Some(s), Some(m))) => (s, m),
-        _ => (0.0, 0.0),
-    };
-    if seconds <= 0.0 {
-        error::not_positive(F, "retention", &format!("{seconds} s"));
-    }
-    if shortest_month <= 0.0 {
-        let text = Spi::get_one_with_args::<String>(
-            "SELECT $1::pg_catalog.interval::pg_catalog.text",
-            &[DatumWithOid::from(retention)],
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-        error::retention_not_positive_every_month(F, &text, shortest_month);
-    }
-    let (shortest, what) = guc::shortest_sensible_retention();
-    if seconds < f64::from(shortest) {
-        error::warn_short_retention(
-            &format!("retention of scope '{scope}'"),
-            seconds as i64,
-            shortest,
-            what,
-        );
-    }
-    // The caller: the role in effect outside this SECURITY DEFINER function (the session
-    // user, or the role of SET ROLE), not the function's owner.
-    let by = unsafe {
-        // SAFETY: GetOuterUserId reads a global; GetUserNameFromId(noerr = false) raises an
-        // error for a dropped role, through this #[pg_extern]'s guard; the name is palloc'd
-        // in the current memory context and copied out at once.
-        std::ffi::CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetOuterUserId(), false))
-            .to_string_lossy()
-            .into_owned()
-    };
-    Spi::run_with_args(
-        "INSERT INTO dedup.scope_retention (scope, retention, set_by) VALUES ($1, $2, $3) \
-         ON CONFLICT (scope) DO UPDATE SET retention = excluded.retention, \
-             set_at = excluded.set_at, set_by = excluded.set_by",
-        &[
-            DatumWithOid::from(scope),
-            DatumWithOid::from(retention),
-            DatumWithOid::from(by.as_str()),
-        ],
-    )
-    .unwrap_or_else(|e| pgrx::error!("{F}: writing dedup.scope_retention failed: {e}"));
-}
-
-/// `dedup.retention(scope)`: the retention in force for `scope`.
-#[pg_extern(stable, parallel_safe)]
-pub(crate) fn retention(scope: default!(Option<&str>, "'default'")) -> Interval {
-    const F: &str = "dedup.retention";
-    let scope = scope.unwrap_or_else(|| error::null_argument(F, "scope"));
-    Spi::get_one_with_args::<Interval>(
-        "SELECT COALESCE( \
-             (SELECT r.retention FROM dedup.scope_retention AS r WHERE r.scope OPERATOR(pg_catalog.=) $1), \
-             pg_catalog.justify_hours(pg_catalog.make_interval(secs => $2::pg_catalog.float8)))",
-        &[DatumWithOid::from(scope), DatumWithOid::from(f64::from(guc::RETENTION.get()))],
-    )
-    .ok()
-    .flatten()
-    .unwrap_or_else(|| pgrx::error!("dedup: reading dedup.scope_retention failed"))
-}
-
-extension_sql!(
-    r#"
-REVOKE ALL ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) FROM PUBLIC;
-REVOKE ALL ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION dedup._caller() FROM PUBLIC;
-COMMENT ON FUNCTION dedup.prune(pg_catalog.text, pg_catalog.int8) IS
-'Delete claims older than their retention (all scopes, or one), at most max_rows; returns how many. Runs in the caller''s transaction; waits for a prune already running in this database.';
-COMMENT ON FUNCTION dedup.set_retention(pg_catalog.text, pg_catalog.interval) IS
-'Give a scope its own retention, overriding dedup.retention; NULL removes it.';
-COMMENT ON FUNCTION dedup.retention(pg_catalog.text) IS
-'The retention in force for a scope: its own, or dedup.retention.';
-"#,
-    name = "prune_privileges",
-    requires = [prune, set_retention, retention, caller]
-);
