@@ -353,9 +353,12 @@ pub async fn contributing_names_every_source_file(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
-/// docs/reference/errors.md is the catalogue of dedup's errors: every hint and detail the
-/// native library (src/error.rs), the concern files of sql/ and the portable edition
-/// (sql/portable/) raise is there word for word (scripts/check-errors.py reads them).
+/// docs/reference/errors.md is the catalogue of dedup's errors, checked both ways: every
+/// hint and detail the native library (src/), the concern files of sql/ and the portable
+/// edition (sql/portable/, its switch and scripts/portable.py's scripts) raise is there word
+/// for word, every one written there is raised, the portable edition's own are under their
+/// heading, and a portable raise of a native message has its SQLSTATE and hint
+/// (scripts/check-errors.py).
 pub async fn every_hint_is_in_the_errors_reference(_ctx: Ctx) -> Result<()> {
     crate::common::python(&root().join("scripts/check-errors.py"), &[])
 }
