@@ -130,6 +130,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     worker::a_failing_drop_database_does_not_stop_pruning,
     worker::full_worker_slots_hold_up_pruning_only_while_full,
     worker::a_slow_database_does_not_hold_up_the_others,
+    worker::a_visit_cut_short_ends_a_run_of_failures,
     leases::concurrent_leases_of_one_job_have_one_holder,
     leases::crashed_holder_lease_is_taken_over_once,
     leases::crash_between_effect_and_done_marker_repeats_the_effect,

@@ -65,7 +65,9 @@ pub fn load_resume() -> Option<(String, u32)> {
 
 /// Keep where a pass cut short stopped, for the next one, and record in each scope's row
 /// what it deleted there. The row of all scopes is not a pass's: its last_pass_at stays
-/// that of the last whole pass.
+/// that of the last whole pass. But the visit succeeded: it ends a run of failed passes, as
+/// a whole pass does, so that failures between the visits of a long pass do not keep the
+/// back-off at its longest (worker::a_visit_cut_short_ends_a_run_of_failures).
 pub fn save_resume(at: &(String, u32), pass: &Pass) {
     if !has_horizons() {
         return;
@@ -74,7 +76,7 @@ pub fn save_resume(at: &(String, u32), pass: &Pass) {
         "INSERT INTO dedup._prune_status AS s (scope, pruned_by, resume_target, resume_block) \
          VALUES ('', 'worker', $1, $2) \
          ON CONFLICT (scope) DO UPDATE SET resume_target = excluded.resume_target, \
-             resume_block = excluded.resume_block",
+             resume_block = excluded.resume_block, consecutive_failures = 0",
         &[
             DatumWithOid::from(at.0.as_str()),
             DatumWithOid::from(i64::from(at.1)),

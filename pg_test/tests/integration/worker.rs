@@ -7,7 +7,7 @@ use dedup_pg_test::{connect, connect_when_up, sqlstate, Conn};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 pub(crate) fn preloaded(name: &str) -> Options {
     Options::named(name)
@@ -1036,4 +1036,60 @@ pub async fn a_slow_database_does_not_hold_up_the_others(_ctx: Ctx) -> Result<()
         );
     }
     Ok(())
+}
+
+/// A visit cut short by its share of the worker is not a failure: it ends a run of failed
+/// passes, as a whole pass does. Before the fix only a whole pass reset the count, so on a
+/// table whose passes take several visits, failures that came between them (a killed
+/// worker, a lock timeout) kept adding up, and the back-off stayed at its longest, 64
+/// intervals, while every visit in between succeeded.
+pub async fn a_visit_cut_short_ends_a_run_of_failures(_ctx: Ctx) -> Result<()> {
+    // 100 batches of 100 claims, 200 ms apart: a pass of several visits of a second.
+    let cluster = start(
+        preloaded("worker-share-failures")
+            .set("dedup.prune_batch_size", "100")
+            .set("dedup.prune_batch_delay", "200"),
+    )
+    .await?;
+    let big = database_with_claims(&cluster, "big", 10_000, 10).await?;
+    // A visit cut short records where the pass stopped in the row of all scopes, and what
+    // it deleted, with the time, in its scope's row, in one transaction.
+    let visit = "SELECT d.last_pass_at, a.consecutive_failures FROM dedup._prune_status AS a \
+                   JOIN dedup._prune_status AS d ON d.scope = 'default' \
+                  WHERE a.scope = '' AND a.resume_target IS NOT NULL";
+    eventually(30, "a visit cut short", || async {
+        Ok(big.query_opt(visit, &[]).await?.is_some())
+    })
+    .await?;
+    // Six failures in a row, the last an hour ago: the back-off (32 intervals) is over.
+    big.batch_execute(
+        "UPDATE dedup._prune_status SET consecutive_failures = 6, last_error = 'injected', \
+                last_error_at = now() - interval '1 hour' WHERE scope = ''",
+    )
+    .await?;
+    let before: SystemTime = big
+        .query_one(
+            "SELECT last_pass_at FROM dedup._prune_status WHERE scope = 'default'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let failures = std::sync::Mutex::new(None);
+    eventually(30, "the next visit cut short", || async {
+        let row = big.query_opt(visit, &[]).await?;
+        Ok(match row {
+            Some(r) if r.get::<_, SystemTime>(0) > before => {
+                *failures.lock().unwrap() = Some(r.get::<_, i32>(1));
+                true
+            }
+            _ => false,
+        })
+    })
+    .await?;
+    let failures = *failures.lock().unwrap();
+    ensure_eq(
+        failures,
+        Some(0),
+        "failures in a row after a visit that pruned",
+    )
 }
