@@ -238,6 +238,40 @@ AS 'MODULE_PATHNAME', 'h_wrapper';
             self.assemble("--@ upgrade 1 9.9.8\n", self.CONCERN)  # not the file's version
 
 
+class Propose(unittest.TestCase):
+    OLD = {"things.sql": """
+CREATE TABLE dedup.t (a int);
+CREATE FUNCTION dedup.f(a pg_catalog.text) RETURNS void LANGUAGE sql AS $$ SELECT 1 $$;
+CREATE FUNCTION dedup.gone() RETURNS void LANGUAGE sql AS $$ $$;
+CREATE VIEW dedup.v AS SELECT 1;
+COMMENT ON FUNCTION dedup.f(text) IS 'f';
+"""}
+
+    def test_each_change_since_the_release_is_named_once(self):
+        new = {"things.sql": """
+-- Comments and layout are not changes.
+CREATE TABLE dedup.t (a int, b int);
+CREATE FUNCTION dedup.f(a pg_catalog.text)
+    RETURNS void LANGUAGE sql AS $$ SELECT 1 $$;
+CREATE VIEW dedup.v AS SELECT 2;
+COMMENT ON FUNCTION dedup.f(text) IS 'f';
+""", "more.sql": """
+CREATE FUNCTION dedup.h(a pg_catalog.int8) RETURNS void LANGUAGE sql AS $$ $$;
+REVOKE ALL ON FUNCTION dedup.h(bigint) FROM PUBLIC;
+"""}
+        self.assertEqual(upgrade_script.propose(self.OLD, new), [
+            "--@ create more.sql dedup.h(int8)",
+            "-- dedup.t (table) changed in things.sql: write its ALTER by hand",
+            "--@ replace things.sql dedup.v",
+            "DROP FUNCTION dedup.gone();  -- gone from things.sql",
+        ])
+
+    def test_a_grant_or_comment_changed_is_a_change_of_its_object(self):
+        new = {"things.sql": self.OLD["things.sql"].replace("IS 'f'", "IS 'f, again'")}
+        self.assertEqual(upgrade_script.propose(self.OLD, new), ["--@ replace things.sql dedup.f(text)"])
+        self.assertEqual(upgrade_script.propose(self.OLD, self.OLD), [])
+
+
 class CheckErrors(unittest.TestCase):
     """scripts/check-errors.py on a small native library, concern file, portable edition
     and catalogue that agree; each test breaks one thing."""

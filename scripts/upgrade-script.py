@@ -20,12 +20,22 @@ Every other line of the recipe is copied as written: what only an upgrade does (
 ALTER TABLE ... ADD COLUMN, a migration of rows).
 
   python3 scripts/upgrade-script.py sql/upgrade/0.6.0.sql [--library PATH] [--check]
+  python3 scripts/upgrade-script.py --propose REV
+
 
 --library is the generated install script (default: dedup--NEW.sql in the share directory
 of DEDUP_PG_CONFIG, or of the pg_config on PATH, after `cargo pgrx install`). --check
 writes nothing and exits 1 when the committed script differs from what the recipe makes;
 upgrade::the_newest_upgrade_script_is_what_its_recipe_makes runs it. Only the recipe of an
 unreleased version is ever run again: a released script never changes.
+
+--propose REV starts the next recipe: it compares the concern files as they were at the git
+revision REV (the commit of the last release) with the work tree, object by object, and
+prints a directive for each object made or changed since (`--@ create`, `--@ replace` for a
+function or view), a DROP for each one gone, and a note for each table changed (its
+ALTER TABLE is written by hand: only the recipe knows how the rows move). LANGUAGE c
+functions are declared in src/, not in the concern files: their lines are written by hand
+(`--@ create library dedup.NAME`).
 """
 import argparse
 import os
@@ -226,7 +236,72 @@ def default_library(new: str) -> str:
     return os.path.join(share, "extension", f"{portable.EXTENSION}--{new}.sql")
 
 
+def objects(files: dict[str, str]) -> dict[tuple, tuple[str, str, list[str]]]:
+    """Every object the concern files make or name: (name, input types or None) -> (its
+    file, its kind: function, view, table, and the code of each statement that names it)."""
+    out: dict[tuple, tuple[str, str, list[str]]] = {}
+    for source in sorted(files):
+        for st in split_statements(files[source], source)[0]:
+            kind = "function" if parse_function(st) is not None else None
+            if kind is None:
+                words = [t.value for t in st.tokens[:4] if t.kind == "word"]
+                kind = next((w for w in words if w in ("table", "view")), None)
+            for key in targets(st, source):
+                have = out.setdefault(key, (source, kind, []))
+                if have[1] is None and kind is not None:
+                    out[key] = have = (have[0], kind, have[2])
+                have[2].append(st.code)
+    return out
+
+
+def _object_name(key: tuple) -> str:
+    name, types = key
+    return f"dedup.{name}" + ("" if types is None else f"({', '.join(types)})")
+
+
+def propose(old_files: dict[str, str], new_files: dict[str, str]) -> list[str]:
+    """The directives of the next recipe: what the concern files make or change since
+    old_files (file name -> text)."""
+    old, new = objects(old_files), objects(new_files)
+    lines = []
+    for key in sorted(new, key=lambda k: (new[k][0], k[0], k[1] or ())):
+        source, kind, codes = new[key]
+        if key not in old:
+            lines.append(f"--@ create {source} {_object_name(key)}")
+        elif old[key][2] != codes:
+            if kind in ("function", "view"):
+                lines.append(f"--@ replace {source} {_object_name(key)}")
+            else:
+                lines.append(f"-- {_object_name(key)} ({kind or 'object'}) changed in {source}: "
+                             "write its ALTER by hand")
+    for key in sorted(set(old) - set(new), key=lambda k: (k[0], k[1] or ())):
+        kind = old[key][1] or "object"
+        lines.append(f"DROP {kind.upper()} {_object_name(key)};  -- gone from {old[key][0]}")
+    return lines
+
+
+def _files_at(rev: str) -> dict[str, str]:
+    listing = subprocess.run(["git", "-C", REPO, "ls-tree", "--name-only", f"{rev}:sql"],
+                             check=True, capture_output=True, text=True).stdout.split()
+    return {f: subprocess.run(["git", "-C", REPO, "show", f"{rev}:sql/{f}"], check=True,
+                              capture_output=True, text=True).stdout
+            for f in listing if f.endswith(".sql") and not f.startswith(f"{portable.EXTENSION}--")}
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--propose"]:
+        if len(argv) != 2:
+            print("usage: upgrade-script.py --propose REV", file=sys.stderr)
+            return 2
+        try:
+            old = _files_at(argv[1])
+            new = {os.path.basename(f): _read(f) for f in concern_files()}
+            lines = propose(old, new)
+            print("\n".join(lines)) if lines else print(f"upgrade-script.py: no object of the concern files changed since {argv[1]}", file=sys.stderr)
+        except (BuildError, OSError, subprocess.CalledProcessError) as e:
+            print(f"upgrade-script.py: {(getattr(e, 'stderr', None) or str(e)).strip()}", file=sys.stderr)
+            return 1
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe")
     parser.add_argument("--library", help="the install script pgrx generated (dedup--NEW.sql)")
