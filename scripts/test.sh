@@ -11,7 +11,8 @@
 #      a standby, dump/restore, the worker, the isolation specs, the upgrade from the
 #      oldest version. The client examples in examples/ and the short experiment run on
 #      one major (DEDUP_FULL_MAJOR, default 18: the newest), which is enough: they exercise
-#      the clients, not the server.
+#      the clients, not the server; so do the client packages (clients/*/test.sh: each
+#      installed from its built artifact into a new project, with its framework and broker).
 #   4. on the majors Citus supports (16, 17, 18: CITUS_MAJORS in scripts/pg.sh), the Citus
 #      tests in pg_test/tests/citus.rs: a coordinator and two workers, claims from every
 #      node, crashes, a shard move, the experiment with a consumer on each node
@@ -73,6 +74,14 @@ for major in $majors; do
     else
         DEDUP_SKIP_TESTS="examples:: experiment:: worker:: soak:: fuzz:: stats:: docs::" \
             cargo test -p dedup-pg-test --test integration
+    fi
+    if [ "$major" = "$full_major" ] || [ "$(echo $majors | wc -w)" -eq 1 ]; then
+        # The client packages (clients/), each installed from its built artifact into a new
+        # project of its own, against a server of this tree and a Redis of its own.
+        for client in clients/*/test.sh; do
+            step "PostgreSQL $major: the $(basename "$(dirname "$client")") client package"
+            PG_BINDIR=$DEDUP_PG_BINDIR bash "$client"
+        done
     fi
     if [[ " ${CITUS_MAJORS[*]} " == *" $major "* ]]; then
         step "PostgreSQL $major: the Citus tests (a coordinator and two workers)"
