@@ -1,0 +1,294 @@
+//! dedup with [tokio-postgres](https://docs.rs/tokio-postgres) (feature `tokio-postgres`).
+//!
+//! ```no_run
+//! use dedup_client::{tokio_postgres::run_once, Outcome, RunOptions};
+//! # async fn handle(client: &mut tokio_postgres::Client, job_id: &str) -> Result<(), dedup_client::Error> {
+//! let outcome = run_once(client, job_id, "emails", &RunOptions::default(), |tx| {
+//!     Box::pin(async move {
+//!         tx.execute("INSERT INTO receipts (job_id) VALUES ($1)", &[&job_id]).await?;
+//!         Ok(())
+//!     })
+//! })
+//! .await?;
+//! // Committed: acknowledge the message, whether the effect ran now (Outcome::Ran) or
+//! // before (Outcome::Duplicate). On an error, do not acknowledge.
+//! # let _ = outcome; Ok(())
+//! # }
+//! ```
+use crate::{
+    drive_lease, lease_status, validate_scope, BoxFuture, Error, JobId, Lease, LeaseOptions,
+    LeaseOutcome, LeaseStatus, Outcome, RunOptions,
+};
+use ::tokio_postgres::types::{ToSql, Type};
+use ::tokio_postgres::{Client, GenericClient, Transaction};
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+/// The tokio-postgres crate this module was built with.
+pub use ::tokio_postgres as driver;
+
+const CLAIM_TEXT: &str = "SELECT dedup.try_claim($1::text, $2::text)";
+const CLAIM_BIGINT: &str = "SELECT dedup.try_claim($1::bigint, $2::text)";
+#[cfg(feature = "uuid")]
+const CLAIM_UUID: &str = "SELECT dedup.try_claim($1::text::uuid, $2::text)";
+const LEASE: &str = "SELECT status, lease_id::text, extract(epoch FROM expires_at)::float8, \
+     result::text, extract(epoch FROM claimed_at)::float8 \
+     FROM dedup.lease($1::text, $2::text, make_interval(secs => $3::float8), $4::text)";
+const EXTEND: &str = "SELECT extract(epoch FROM dedup.extend_lease($1::text, $2::text::uuid, \
+     make_interval(secs => $3::float8), $4::text))::float8";
+const COMPLETE: &str = "SELECT dedup.complete($1::text, $2::text::uuid, $3::text::jsonb, $4::text)";
+const RELEASE: &str = "SELECT dedup.release_lease($1::text, $2::text::uuid, $3::text)";
+
+/// Claims `job_id` in `scope` in the transaction `tx`: `true` if this transaction now holds
+/// the claim (do the effect in `tx`, then commit), `false` if a committed claim exists (or
+/// `tx` claimed it already): skip the job, and after the commit acknowledge the message.
+///
+/// It takes a [`Transaction`], so it cannot be called in autocommit, where the claim would
+/// commit on its own before the effect. A `Transaction` made by
+/// [`Transaction::transaction`] is a savepoint: rolling it back releases the claim with the
+/// effects made in it; the claim commits only with the outermost transaction. (Sending
+/// `COMMIT` or `ROLLBACK` as SQL through `tx` defeats the type: don't.)
+///
+/// A claim held by a concurrent transaction makes the call wait for it. Under REPEATABLE
+/// READ or SERIALIZABLE a claim committed after the snapshot is `40001`: retry the whole
+/// transaction ([`run_once`] does).
+pub async fn claim<'j>(
+    tx: &Transaction<'_>,
+    job_id: impl Into<JobId<'j>>,
+    scope: &str,
+) -> Result<bool, Error> {
+    let job = job_id.into();
+    job.validate()?;
+    validate_scope(scope)?;
+    claim_checked(tx, job, scope).await
+}
+
+async fn claim_checked(tx: &Transaction<'_>, job: JobId<'_>, scope: &str) -> Result<bool, Error> {
+    let row = match job {
+        JobId::Text(s) => {
+            tx.query_typed_one(CLAIM_TEXT, &[(&s, Type::TEXT), (&scope, Type::TEXT)])
+                .await?
+        }
+        JobId::Int(n) => {
+            tx.query_typed_one(CLAIM_BIGINT, &[(&n, Type::INT8), (&scope, Type::TEXT)])
+                .await?
+        }
+        #[cfg(feature = "uuid")]
+        JobId::Uuid(u) => {
+            let s = u.hyphenated().to_string();
+            tx.query_typed_one(CLAIM_UUID, &[(&s, Type::TEXT), (&scope, Type::TEXT)])
+                .await?
+        }
+    };
+    Ok(row.try_get(0)?)
+}
+
+/// Does job `job_id` of `scope` exactly once: opens a transaction on `client`, claims the
+/// job, runs `effect` in the transaction only if the claim is fresh, and commits. The whole
+/// transaction is retried on `40001` and `40P01` (from the claim, the effect or the
+/// commit), up to `options`' attempts, with a bounded, jittered backoff.
+///
+/// `Ok(Outcome::Ran(t))`: the effect ran and committed with the claim. `Ok(Duplicate)`: a
+/// committed claim exists, the effect did not run. Both mean: acknowledge the message.
+/// `Err(_)`: nothing committed (or, after an error from the COMMIT itself, maybe it did:
+/// then the claim committed too and the redelivered copy is a `Duplicate`): do **not**
+/// acknowledge, the queue delivers the message again.
+///
+/// The effect gets the transaction (`&Transaction`: queries, [`claim`] of further jobs;
+/// for a savepoint, claim by hand) and returns a boxed future that may borrow it and what
+/// the closure captured: `|tx| Box::pin(async move { ... })`. It may run several times
+/// (once per attempt):
+/// only its database writes through `tx` are undone by a retry, so keep other side effects
+/// out (use a lease for those). Its error is returned as is, retried only if
+/// [`Error::is_retryable`]; wrap your own errors with [`Error::effect`].
+pub async fn run_once<'env, 'j, T, F>(
+    client: &mut Client,
+    job_id: impl Into<JobId<'j>>,
+    scope: &str,
+    options: &RunOptions,
+    mut effect: F,
+) -> Result<Outcome<T>, Error>
+where
+    F: for<'a> FnMut(&'a Transaction<'a>) -> BoxFuture<'env, 'a, Result<T, Error>>,
+{
+    let job = job_id.into();
+    job.validate()?;
+    validate_scope(scope)?;
+    let mut attempt = 1;
+    loop {
+        match run_attempt(client, job, scope, options, &mut effect).await {
+            Err(e) if options.retry_after(&e, attempt).await => attempt += 1,
+            result => return result,
+        }
+    }
+}
+
+async fn run_attempt<'env, T, F>(
+    client: &mut Client,
+    job: JobId<'_>,
+    scope: &str,
+    options: &RunOptions,
+    effect: &mut F,
+) -> Result<Outcome<T>, Error>
+where
+    F: for<'a> FnMut(&'a Transaction<'a>) -> BoxFuture<'env, 'a, Result<T, Error>>,
+{
+    // On an error the Transaction is dropped, which rolls it back.
+    let tx = client.transaction().await?;
+    if let Some(level) = options.isolation {
+        tx.batch_execute(level.set_transaction()).await?;
+    }
+    let outcome = if claim_checked(&tx, job, scope).await? {
+        Outcome::Ran(effect(&tx).await?)
+    } else {
+        Outcome::Duplicate
+    };
+    tx.commit().await?; // an error here, too, means: do not acknowledge
+    Ok(outcome)
+}
+
+/// `dedup.lease`: takes `job_id` for an external effect, in a statement of its own (call it
+/// on a [`Client`], in autocommit: the lease must commit before the effect starts).
+/// [`LeaseStatus::Acquired`] holds the [`Lease`] to pass to [`complete`] after the effect,
+/// or to [`release`] if it failed. A `bigint` or `uuid` job id is leased as its text, which
+/// is the same job as `try_claim`'s.
+pub async fn lease<'j>(
+    client: &Client,
+    job_id: impl Into<JobId<'j>>,
+    scope: &str,
+    options: &LeaseOptions<'_>,
+) -> Result<LeaseStatus, Error> {
+    let job = job_id.into();
+    job.validate()?;
+    validate_scope(scope)?;
+    options.validate()?;
+    let job = job.to_string();
+    let secs = options.duration.map(|d| d.as_secs_f64());
+    let row = client
+        .query_typed_one(
+            LEASE,
+            &[
+                (&job, Type::TEXT),
+                (&scope, Type::TEXT),
+                (&secs, Type::FLOAT8),
+                (&options.fingerprint, Type::TEXT),
+            ],
+        )
+        .await?;
+    lease_status(
+        job,
+        scope,
+        row.try_get(0)?,
+        row.try_get(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+        row.try_get(4)?,
+    )
+}
+
+/// `dedup.extend_lease`: the lease now expires `duration` from now (`None`: the server's
+/// `dedup.lease_duration`). A heartbeat for an effect that takes longer than leased.
+/// `YD002` ([`Error::is_lease_lost`]): the lease expired and another caller took the job
+/// over.
+pub async fn extend(
+    client: &impl GenericClient,
+    lease: &mut Lease,
+    duration: Option<Duration>,
+) -> Result<SystemTime, Error> {
+    crate::check_duration("duration", duration)?;
+    lease.expires_at = extend_held(client, lease, duration).await?;
+    Ok(lease.expires_at)
+}
+
+async fn extend_held(
+    client: &impl GenericClient,
+    lease: &Lease,
+    duration: Option<Duration>,
+) -> Result<SystemTime, Error> {
+    let secs = duration.map(|d| d.as_secs_f64());
+    let row = client
+        .query_typed_one(
+            EXTEND,
+            &[
+                (&lease.job_id, Type::TEXT),
+                (&lease.lease_id, Type::TEXT),
+                (&secs, Type::FLOAT8),
+                (&lease.scope, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(crate::epoch_to_time(row.try_get(0)?))
+}
+
+/// `dedup.complete`: marks the leased job done with `result` (JSON text, for later copies
+/// and `dedup.claim_result`). Alone, or in the transaction of a database write that goes
+/// with the effect (pass that [`Transaction`]). Then acknowledge the message. `YD002`
+/// ([`Error::is_lease_lost`]): the lease was taken over; do not acknowledge.
+pub async fn complete(
+    client: &impl GenericClient,
+    lease: Lease,
+    result: Option<&str>,
+) -> Result<(), Error> {
+    client
+        .query_typed(
+            COMPLETE,
+            &[
+                (&lease.job_id, Type::TEXT),
+                (&lease.lease_id, Type::TEXT),
+                (&result, Type::TEXT),
+                (&lease.scope, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(())
+}
+
+/// `dedup.release_lease`: gives the job back after a failed effect, so the redelivered copy
+/// can lease it at once. Do not acknowledge the message.
+pub async fn release(client: &impl GenericClient, lease: Lease) -> Result<(), Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&lease.job_id, Type::TEXT),
+        (&lease.lease_id, Type::TEXT),
+        (&lease.scope, Type::TEXT),
+    ];
+    client.query_typed(RELEASE, &params).await?;
+    Ok(())
+}
+
+/// Leases `job_id`, runs `effect` while extending the lease every third of its duration,
+/// then completes the lease with the effect's result (JSON text), or releases it if the
+/// effect failed. Give the external call the job id as its idempotency key: a caller
+/// killed between the call and `complete` makes the next holder call again.
+///
+/// [`LeaseOutcome::Ran`] and [`LeaseOutcome::Done`]: acknowledge the message.
+/// [`LeaseOutcome::Busy`] and `Err(_)`: do not. A heartbeat that fails (`YD002`: the lease
+/// expired and another caller took the job over) drops the effect's future.
+pub async fn run_leased<'j, F, Fut>(
+    client: &Client,
+    job_id: impl Into<JobId<'j>>,
+    scope: &str,
+    options: &LeaseOptions<'_>,
+    effect: F,
+) -> Result<LeaseOutcome, Error>
+where
+    F: FnOnce(&Lease) -> Fut,
+    Fut: Future<Output = Result<Option<String>, Error>>,
+{
+    let lease = match lease(client, job_id, scope, options).await? {
+        LeaseStatus::Acquired(lease) => lease,
+        LeaseStatus::Done { result, .. } => return Ok(LeaseOutcome::Done { result }),
+        LeaseStatus::Busy { expires_at } => return Ok(LeaseOutcome::Busy { expires_at }),
+    };
+    let duration = options.duration;
+    drive_lease(
+        lease,
+        effect,
+        |l| {
+            let held = l.duplicate();
+            async move { extend_held(client, &held, duration).await.map(drop) }
+        },
+        |l| release(client, l),
+        |l, result| async move { complete(client, l, result.as_deref()).await },
+    )
+    .await
+}
