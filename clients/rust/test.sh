@@ -10,14 +10,14 @@
 # Environment:
 #   PG_BINDIR              bin/ of a PostgreSQL with dedup installed (default: pg_config --bindir)
 #   DEDUP_CLIENT_PG_PORT   the server's port (default 55434); its socket is in /tmp
-#   CARGO_TARGET_DIR       where to build (default /work/target-clients)
+#   CARGO_TARGET_DIR       where to build (default target/clients-rust of the repository)
 #   DEDUP_CLIENT_TEST      run only the tests whose name contains this
 # The last line is "rust client: N passed, M failed"; the exit status is non-zero on failure.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 port=${DEDUP_CLIENT_PG_PORT:-55434}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/target-clients}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$(cd "$here/../.." && pwd)/target/clients-rust}
 bindir=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || true)}
 passed=0
 failed=0
