@@ -73,6 +73,21 @@ pub async fn one_version_everywhere(ctx: Ctx) -> Result<()> {
         Some(version.as_str()),
         "META.json provides.dedup.version",
     )?;
+    // The client packages move with the extension (clients/*/: npm, PyPI, crates.io).
+    let node: serde_json::Value = serde_json::from_str(&read("clients/node/package.json")?)?;
+    ensure_eq(
+        node["version"].as_str(),
+        Some(version.as_str()),
+        "clients/node/package.json version",
+    )?;
+    for file in ["clients/python/pyproject.toml", "clients/rust/Cargo.toml"] {
+        let text = read(file)?;
+        let v = text
+            .lines()
+            .find_map(|l| l.strip_prefix("version = \""))
+            .and_then(|v| v.strip_suffix('"'));
+        ensure_eq(v, Some(version.as_str()), &format!("{file} version"))?;
+    }
     let changelog = read("CHANGELOG.md")?;
     let top = changelog
         .lines()
