@@ -1,0 +1,274 @@
+"""Celery: the task options, the worker's prefetch, and the end-to-end run with Redis:
+every job published twice (but the two killed ones), 3 prefork workers, faults injected in the effect's transaction,
+one pool process and one whole worker killed with SIGKILL mid-transaction."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+import redis
+
+import dedup
+import dedup.celery
+from conftest import create_database, dsn
+
+N = int(os.environ.get("DEDUP_TEST_CELERY_JOBS", "300"))
+WORKERS = 3
+DRAIN_TIMEOUT_S = 90
+
+# Faults, counted by sequences (which rollbacks do not undo): every 11th insert attempt raises
+# a deadlock and every 13th COMMIT a serialization failure (both retried inside the task);
+# every 17th insert attempt and every 23rd COMMIT a plain error, and so does the first
+# attempt of every 25th job: those are not retried in the task, whose message must be
+# requeued (Reject) and done by a later delivery.
+FAULTS = """
+CREATE EXTENSION dedup;
+CREATE TABLE receipts (job_id text NOT NULL, pid int NOT NULL, at timestamptz DEFAULT clock_timestamp());
+CREATE SEQUENCE insert_attempts;
+CREATE SEQUENCE commit_attempts;
+DO $$ BEGIN
+    FOR j IN 25..{n} BY 25 LOOP
+        EXECUTE format('CREATE SEQUENCE first_attempt_%s', j);
+    END LOOP;
+END $$;
+CREATE FUNCTION fault_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint := nextval('insert_attempts');
+    once regclass := to_regclass('first_attempt_' || substr(NEW.job_id, 5));
+BEGIN
+    IF NEW.job_id LIKE 'job-%' AND once IS NOT NULL AND nextval(once) = 1 THEN
+        RAISE EXCEPTION 'injected failure of the first attempt of %', NEW.job_id;
+    END IF;
+    IF n % 11 = 0 THEN
+        RAISE EXCEPTION 'injected deadlock (attempt %)', n USING ERRCODE = 'deadlock_detected';
+    END IF;
+    IF n % 17 = 0 THEN
+        RAISE EXCEPTION 'injected failure (attempt %)', n;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE FUNCTION fault_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE n bigint := nextval('commit_attempts');
+BEGIN
+    IF n % 13 = 0 THEN
+        RAISE EXCEPTION 'injected serialization failure at commit (attempt %)', n
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    IF n % 23 = 0 THEN
+        RAISE EXCEPTION 'injected failure at commit (attempt %)', n;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER fault_on_insert BEFORE INSERT ON receipts
+    FOR EACH ROW EXECUTE FUNCTION fault_on_insert();
+CREATE CONSTRAINT TRIGGER fault_at_commit AFTER INSERT ON receipts
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION fault_at_commit();
+"""
+
+
+@pytest.fixture(scope="module")
+def e2e_db():
+    create_database("e2e", schema=FAULTS.replace("{n}", str(N)))
+    return "e2e"
+
+
+@pytest.fixture(scope="module")
+def app_module(e2e_db):
+    import celery_app
+
+    return celery_app
+
+
+def test_task_options_and_configuration(app_module):
+    task = app_module.record
+    assert task.acks_late is True
+    assert task.reject_on_worker_lost is True
+    assert task.acks_on_timeout is False
+    conf = app_module.app.conf
+    assert conf.worker_prefetch_multiplier == 1
+    opts = conf.broker_transport_options
+    assert opts["visibility_timeout"] == 4
+    assert opts["unacked_restore_interval"] == 1 and opts["unacked_restore_throttle"] == 1
+
+
+def test_configure_defaults():
+    from celery import Celery
+
+    app = Celery("defaults", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    app.conf.worker_prefetch_multiplier = 8
+
+    @dedup.celery.exactly_once(app, dsn="dbname=none")
+    def noop(conn):
+        pass
+
+    assert app.conf.worker_prefetch_multiplier == 1
+    # kombu's own visibility_timeout (3600 s) stays, but the sweep runs every 10 s, not 100 s
+    assert app.conf.broker_transport_options == {"unacked_restore_interval": 10, "unacked_restore_throttle": 1}
+    dedup.celery.configure(app, visibility_timeout=60)
+    assert app.conf.broker_transport_options["visibility_timeout"] == 60
+    assert app.conf.broker_transport_options["unacked_restore_interval"] == 10
+    assert dedup.celery.restore_interval_for(20) == 5
+
+
+def test_worker_prefetch_is_forced_to_one(app_module):
+    from celery import signals
+
+    class FakeWorker:
+        app = app_module.app
+        prefetch_multiplier = 4
+
+    worker = FakeWorker()
+    signals.worker_init.send(sender=worker)
+    assert worker.prefetch_multiplier == 1
+
+
+def test_options_that_break_the_guarantee_are_refused():
+    from celery import Celery
+
+    app = Celery("refused", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    with pytest.raises(dedup.InvalidArgument, match="acks_late must stay True"):
+        dedup.celery.exactly_once(app, dsn="x", acks_late=False)
+    with pytest.raises(dedup.InvalidArgument, match="reject_on_worker_lost must stay True"):
+        dedup.celery.exactly_once(app, dsn="x", reject_on_worker_lost=False)
+    with pytest.raises(TypeError, match="either dsn= or connect="):
+        dedup.celery.exactly_once(app)
+    with pytest.raises(dedup.InvalidArgument, match="scope must not be empty"):
+        dedup.celery.exactly_once(app, dsn="x", scope="")
+
+
+def test_eager_run_and_bad_job_id(app_module, e2e_db):
+    # apply() runs the task in this process: a fresh job, then its duplicate.
+    assert app_module.by_arg.apply(args=["a-1"]).get() is True
+    assert app_module.by_arg.apply(args=["a-1"]).get() is False
+    # A job id the server would refuse fails the task (no delivery could ever do it).
+    result = app_module.by_arg.apply(args=[""])
+    assert result.failed() and isinstance(result.result, dedup.InvalidArgument)
+    with psycopg.connect(dsn(e2e_db)) as c:
+        assert c.execute("SELECT count(*) FROM receipts WHERE job_id = 'arg:a-1'").fetchone()[0] == 1
+        c.execute("DELETE FROM receipts WHERE job_id LIKE 'arg:%'")
+
+
+def start_worker(i: int, work: pathlib.Path) -> subprocess.Popen:
+    log = open(work / f"worker{i}.log", "wb")
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "celery", "-A", "celery_app", "worker",
+            "--pool", "prefork", "--concurrency", "1",
+            # 4 on purpose: exactly_once tasks force it to 1 (the log says so)
+            "--prefetch-multiplier", "4",
+            "-n", f"w{i}@%h", "-Q", "dedup_e2e", "--loglevel", "WARNING",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def wait_for(path: pathlib.Path, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"{path.name} did not start within {timeout} s")
+
+
+def test_end_to_end(app_module, e2e_db):
+    work = pathlib.Path(os.environ["DEDUP_TEST_WORK"])
+    (work / "markers").mkdir(exist_ok=True)
+    for old in (work / "markers").iterdir():
+        old.unlink()
+    r = redis.Redis.from_url(os.environ["DEDUP_TEST_REDIS_URL"])
+    r.flushdb()
+    slow = {N // 4, N // 2}  # killed mid-transaction: a pool process, then a whole worker
+    # Copy k of job j at position j + 4k: the two copies a few messages apart, often in
+    # flight together. Every job twice, with its id as the task id.
+    # The two slow jobs are sent once: their only other delivery is the one that the kill
+    # brings back, so that the test sees how it comes back.
+    order = sorted((j + 4 * k, k, j) for j in range(1, N + 1) for k in range(1 if j in slow else 2))
+    for _, _, j in order:
+        app_module.record.apply_async(args=[f"job-{j}"], kwargs={"slow": j in slow}, task_id=f"job-{j}")
+    assert r.llen("dedup_e2e") == 2 * N - len(slow)
+
+    workers = [start_worker(i, work) for i in range(1, WORKERS + 1)]
+    with open(work / "worker.pids", "a") as pids:  # for test.sh to kill if this test cannot
+        pids.writelines(f"{w.pid}\n" for w in workers)
+    started = time.monotonic()
+    try:
+        a, b = sorted(slow)
+        # 1. The pool process running job a, inside its transaction: the worker sees it lost
+        #    and requeues the message (reject_on_worker_lost).
+        pid = wait_for(work / "markers" / f"job-{a}", 60)
+        os.kill(pid, signal.SIGKILL)
+        # 2. The whole worker (main process and pool process) running job b: nothing
+        #    requeues it; kombu's sweep in the other workers returns it after the
+        #    visibility timeout.
+        pid = wait_for(work / "markers" / f"job-{b}", 60)
+        pgid = os.getpgid(pid)  # the worker's main process: each worker is a session of its own
+        os.killpg(pgid, signal.SIGKILL)
+        killed_at = time.time()
+        killed_worker = next(w for w in workers if w.pid == pgid)
+
+        # Drained: nothing queued and nothing delivered but unacknowledged, twice in a row.
+        deadline = started + DRAIN_TIMEOUT_S
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 3:
+            busy = r.llen("dedup_e2e") + r.hlen("unacked")
+            quiet = quiet + 1 if busy == 0 else 0
+            time.sleep(0.5)
+        drained = quiet >= 3
+        elapsed = time.monotonic() - started
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                os.killpg(w.pid, signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(w.pid, signal.SIGKILL)
+                w.wait()
+        (work / "worker.pids").unlink()  # all stopped: nothing for test.sh to kill
+
+    logs = "".join((work / f"worker{i}.log").read_text(errors="replace") for i in range(1, WORKERS + 1))
+    with psycopg.connect(dsn(e2e_db)) as c:
+        counts = dict(c.execute("SELECT job_id, count(*) FROM receipts GROUP BY job_id").fetchall())
+        inserts, commits = c.execute(
+            "SELECT last_value FROM insert_attempts UNION ALL SELECT last_value FROM commit_attempts"
+        ).fetchall()
+        returned_after = c.execute(
+            "SELECT extract(epoch FROM at) - %s FROM receipts WHERE job_id = %s", (killed_at, f"job-{b}")
+        ).fetchone()
+        first_failed = c.execute(
+            "SELECT count(*) FROM pg_sequences WHERE sequencename LIKE 'first\\_attempt\\_%' AND last_value >= 2"
+        ).fetchone()[0]
+    expected = {f"job-{j}" for j in range(1, N + 1)}
+    duplicates = {j: n for j, n in counts.items() if n > 1}
+    missing = expected - counts.keys()
+    print(
+        f"\ncelery end-to-end: {N} jobs x 2 messages, {WORKERS} workers, drained in {elapsed:.1f} s; "
+        f"{inserts[0]} insert and {commits[0]} commit attempts; requeued after an error: "
+        f"{logs.count('message requeued')}; the killed worker's job done again after "
+        f"{returned_after[0] if returned_after else float('nan'):.1f} s; "
+        f"duplicates {len(duplicates)}, missing {len(missing)}"
+    )
+    assert drained, f"the queue did not drain within {DRAIN_TIMEOUT_S} s"
+    assert not duplicates, f"jobs done more than once: {sorted(duplicates.items())[:10]}"
+    assert not missing, f"jobs never done: {sorted(missing)[:10]} ({len(missing)} in all)"
+    assert set(counts) == expected
+    # The faults happened, and the messages of the failed attempts came back.
+    assert logs.count("message requeued") >= N // 25
+    assert first_failed == N // 25
+    assert "prefetch multiplier 4 set to 1" in logs
+    assert killed_worker.returncode == -signal.SIGKILL
+    assert "WorkerLostError('Worker exited prematurely: signal 9 (SIGKILL)" in logs
+    # The whole worker's message came back after the visibility timeout (4 s), within the
+    # 1 s sweep: not after kombu's default 100 s sweep.
+    assert returned_after and 3.5 < returned_after[0] < 12
+    assert r.llen("dedup_e2e") == 0 and r.hlen("unacked") == 0
