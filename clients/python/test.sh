@@ -53,11 +53,13 @@ cleanup() {
     if [ -f "$pgdata/postmaster.pid" ]; then
         "${as_postgres[@]}" "$PG_BINDIR/pg_ctl" -D "$pgdata" -m immediate -w stop >/dev/null 2>&1
     fi
+    printf '[test.sh] PostgreSQL stopped (%s s)\n' $(($(date +%s) - started)) >&2
     if [ -n "$redis_pid" ]; then
         kill "$redis_pid" 2>/dev/null
         for _ in $(seq 50); do kill -0 "$redis_pid" 2>/dev/null || break; sleep 0.1; done
     fi
     rm -rf "$work"
+    printf '[test.sh] stopped and removed (%s s)\n' $(($(date +%s) - started)) >&2
     exit $status
 }
 trap cleanup EXIT

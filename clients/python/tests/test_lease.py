@@ -109,3 +109,17 @@ def test_asyncpg_leases(dbname, job):
             await pool.close()
 
     asyncio.run(main())
+
+
+def test_lease_on_a_connection_without_autocommit(dbname, job):
+    import psycopg
+
+    from conftest import dsn
+
+    with psycopg.connect(dsn(dbname)) as c:  # autocommit=False
+        lease = dedup.lease(c, job)  # its own transaction, committed at once
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        dedup.complete(c, job, lease.lease_id, {"ok": True})  # idle: its own transaction too
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(dsn(dbname), autocommit=True) as other:
+        assert dedup.lease(other, job).done

@@ -252,7 +252,7 @@ def is_retryable(exc: BaseException) -> bool:
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry number ``attempt`` (1, 2, ...): 20 ms doubling, at
     most 1 s, jittered to 50 to 150 % so that colliding transactions spread out."""
-    return min(1.0, 0.01 * 2**attempt) * random.uniform(0.5, 1.5)
+    return min(1.0, 0.01 * 2.0**attempt) * random.uniform(0.5, 1.5)
 
 
 def translate(exc: BaseException) -> Optional[DedupError]:

@@ -192,7 +192,7 @@ def complete(conn: Any, job_id: JobId, lease_id: Any, result: Any = None, scope:
     sql = "SELECT dedup.complete(%s::text, %s::uuid, %s::jsonb, %s::text)"
     params = (job, lease_id, None if result is None else Jsonb(result), scope)
     status, TS = _status(conn)
-    if status == TS.INTRANS or (status == TS.IDLE and not conn.autocommit):
+    if status == TS.INTRANS:
         try:  # in the caller's transaction: it commits with the caller's write
             conn.execute(sql, params)
         except Exception as e:

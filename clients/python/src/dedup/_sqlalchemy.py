@@ -37,7 +37,7 @@ def _autocommit(conn: Any) -> bool:
 def _claim_statement(job_id: JobId, scope: str, fingerprint: Optional[str]) -> Any:
     from sqlalchemy import BigInteger, Text, Uuid, bindparam, func, select
 
-    type_ = {"bigint": BigInteger(), "uuid": Uuid(), "text": Text()}[_core.job_cast(job_id)]
+    type_: Any = {"bigint": BigInteger(), "uuid": Uuid(), "text": Text()}[_core.job_cast(job_id)]
     args = [bindparam("job_id", job_id, type_=type_), bindparam("scope", scope, type_=Text())]
     if fingerprint is not None:
         args.append(bindparam("fingerprint", fingerprint, type_=Text()))

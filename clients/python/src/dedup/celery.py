@@ -148,7 +148,7 @@ class _Connections:
             else:
                 import psycopg
 
-                conn = psycopg.connect(self.dsn, autocommit=True)
+                conn = psycopg.connect(self.dsn or "", autocommit=True)
             self.local.conn, self.local.pid = conn, os.getpid()
         return conn
 

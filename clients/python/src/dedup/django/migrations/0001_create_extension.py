@@ -13,7 +13,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     initial = True
-    dependencies: list = []
+    dependencies: "list[tuple[str, str]]" = []
     operations = [
         migrations.RunSQL(
             sql="CREATE EXTENSION IF NOT EXISTS dedup",
