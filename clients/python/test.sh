@@ -69,7 +69,8 @@ phase() { printf '[test.sh] %s (%s s)\n' "$1" $(($(date +%s) - started)) >&2; }
 # 1. The wheel, built from a copy of the sources (setuptools writes build/ and *.egg-info
 #    beside them) with the build backend pinned in pyproject.toml.
 mkdir "$work/source"
-cp -R "$here/pyproject.toml" "$here/README.md" "$here/LICENSE" "$here/src" "$work/source/"
+cp -R "$here/pyproject.toml" "$here/MANIFEST.in" "$here/README.md" "$here/CHANGELOG.md" "$here/LICENSE" \
+    "$here/src" "$work/source/"
 rm -rf "$work/source/src/"*.egg-info
 find "$work/source" -name __pycache__ -prune -exec rm -rf {} +
 "$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$work/dist" "$work/source" >&2
@@ -96,7 +97,8 @@ for _ in $(seq 50); do [ -s "$work/redis.pid" ] && break; sleep 0.1; done
 redis_pid=$(cat "$work/redis.pid")
 phase "PostgreSQL on $work/pg:$PG_PORT and Redis on 127.0.0.1:$REDIS_PORT"
 
-# 4. The tests, from a folder that holds no copy of the package: `import dedup` is the wheel's.
+# 4. The tests, from a folder that holds no copy of the package: `import dedup` is the wheel's
+#    (-s: the end-to-end runs print one line each).
 set +e
 (
     cd "$work"
@@ -105,7 +107,7 @@ set +e
         DEDUP_TEST_WHEEL=$wheel DEDUP_TEST_WORK=$work PYTHONPATH=$here/tests \
         PYTHONDONTWRITEBYTECODE=1
     # shellcheck disable=SC2086
-    "$work/venv/bin/python" -m pytest -p no:cacheprovider -q -rfE --junitxml="$work/junit.xml" \
+    "$work/venv/bin/python" -m pytest -p no:cacheprovider -q -s -rfE --junitxml="$work/junit.xml" \
         ${PYTEST_ARGS:-} "$here/tests"
 )
 rc=$?
