@@ -9,8 +9,8 @@
 # Environment: PG_BINDIR (a PostgreSQL tree where CREATE EXTENSION dedup works; default:
 # pg_config --bindir), DEDUP_CLIENT_PG_PORT (55432), DEDUP_CLIENT_REDIS_PORT (56379),
 # PYTHON (python3), REDIS_SERVER (redis-server), PYTEST_ARGS (extra pytest arguments,
-# e.g. "-k celery"). The last line printed is "python client: N passed, M failed"; the
-# exit status is non-zero on any failure.
+# e.g. "-k celery"). The last line printed (stdout) is "python client: N passed, M failed",
+# after everything is stopped and removed; the exit status is non-zero on any failure.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -42,6 +42,11 @@ if [ "$(id -u)" -eq 0 ]; then
     as_postgres=(runuser -u postgres --)
 fi
 
+# What the last line says; a failure before the tests ran (a build, an install, a server
+# that did not start) counts as one failed test.
+passed=0
+failed=1
+
 cleanup() {
     status=$?
     set +e
@@ -60,6 +65,8 @@ cleanup() {
     fi
     rm -rf "$work"
     printf '[test.sh] stopped and removed (%s s)\n' $(($(date +%s) - started)) >&2
+    echo "python client: $passed passed, $failed failed"
+    if [ "$failed" -ne 0 ] && [ "$status" -eq 0 ]; then status=1; fi
     exit $status
 }
 trap cleanup EXIT
@@ -131,5 +138,5 @@ if sys.argv[2] != "0" and failed == 0:
 print(passed, failed)
 EOF
 )
-echo "python client: $passed passed, $failed failed"
+# The exit trap stops the servers, removes $work and prints the last line.
 [ "$failed" -eq 0 ]
