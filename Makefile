@@ -1,5 +1,5 @@
 # dedup: the two commands of the README, and the benchmark. Each sets up what it needs.
-.PHONY: demo demo-sessions test soak bench bench-citus setup package install portable
+.PHONY: demo demo-sessions test soak bench bench-citus setup package install portable clients
 
 demo:  ## build and install the extension, run the guide's experiment and print its table (ARGS="--runs 1")
 	bash scripts/demo.sh $(ARGS)
@@ -27,6 +27,9 @@ package:  ## a Debian package and a tarball per major in target/packages (PG=17 
 
 portable:  ## the portable edition (SQL and PL/pgSQL, no dedup.so) in target/portable: a pg_tle registration script, a plain script and the switch to the native extension (docs/portable.md)
 	bash scripts/portable.sh
+
+clients:  ## the client packages (clients/: Python wheel and sdist, npm tarball, Rust crate) in target/clients
+	bash scripts/clients.sh
 
 install:  ## a release build installed into the server of PG_CONFIG (the only target that touches a server of yours)
 	bash scripts/install.sh $(PG_CONFIG)
