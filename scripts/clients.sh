@@ -14,7 +14,9 @@ trap 'rm -rf "$build_venv"' EXIT
 step "Python: the wheel and the sdist of clients/python"
 python3 -m venv "$build_venv"
 "$build_venv/bin/pip" install --quiet --disable-pip-version-check build==1.6.1
-"$build_venv/bin/python" -m build --sdist --wheel --outdir "$out" clients/python >/dev/null
+# From a copy: setuptools leaves build/ and an egg-info beside the sources it builds.
+cp -r clients/python "$build_venv/src"
+"$build_venv/bin/python" -m build --sdist --wheel --outdir "$out" "$build_venv/src" >/dev/null
 
 step "Node.js: the npm tarball of clients/node"
 (cd clients/node && npm pack --silent --pack-destination "$out" >/dev/null)
