@@ -435,4 +435,38 @@ mod tests {
         assert_eq!(at, VALUES);
         assert_eq!(AGES.len, AGE_BOUNDS.len() + 1);
     }
+
+    /// A version 3 counter file of one entry with `values` counters, checksummed.
+    fn file_of(values: usize) -> Vec<u8> {
+        let key = key_bytes("scope", "consumer");
+        let mut out = Vec::new();
+        for v in [FILE_MAGIC, FILE_VERSION, key.len() as u32, values as u32] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [0u64, 0, 1] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&key);
+        for n in 0..values as u64 {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+        out.extend_from_slice(&checksum(&out).to_le_bytes());
+        out
+    }
+
+    /// A version 3 file holds every counter of the table, or the first ones of it (written
+    /// before a counter was added at the end, at least the 25 of 0.6.0): read. One with
+    /// more counters than the table (from a later dedup) or fewer than 0.6.0's: refused.
+    #[pg_test]
+    fn a_counter_file_of_fewer_counters_is_read_and_of_more_refused() {
+        assert_eq!(check_file(&file_of(VALUES)), Ok((1, VALUES)));
+        assert_eq!(check_file(&file_of(VALUES_V3)), Ok((1, VALUES_V3)));
+        for values in [VALUES + 1, VALUES_V3 - 1] {
+            assert_eq!(
+                check_file(&file_of(values)),
+                Err("entries of another layout".to_string()),
+                "{values} counters"
+            );
+        }
+    }
 }
