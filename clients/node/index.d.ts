@@ -11,7 +11,8 @@ export type JobId = string | number | bigint;
 /** What claim() and the lease functions use of a pg client. */
 export interface QueryClient {
   query(text: string, values?: unknown[]): Promise<{ rows: any[]; command?: string }>;
-  /** pg >= 8.21: 'I', 'T', 'E' or null. Without it claim() asks the server. */
+  /** pg >= 8.21: 'I', 'T', 'E' or null. Without it claim() and lease(), extendLease(),
+   * releaseLease() ask the server (a SAVEPOINT probe). */
   getTransactionStatus?(): string | null;
   readyForQuery?: boolean;
 }
@@ -30,7 +31,8 @@ export interface ClientPool {
 /** The base class of this package's own errors; database errors are pg's DatabaseError. */
 export class DedupError extends Error {
   constructor(message: string, code: string, options?: { cause?: unknown });
-  /** 'DEDUP_NOT_IN_TRANSACTION', 'DEDUP_TRANSACTION_FAILED' or 'DEDUP_EFFECT_ENDED_TRANSACTION'. */
+  /** 'DEDUP_NOT_IN_TRANSACTION', 'DEDUP_IN_TRANSACTION', 'DEDUP_TRANSACTION_FAILED' or
+   * 'DEDUP_EFFECT_ENDED_TRANSACTION'. */
   code: string;
 }
 
@@ -38,6 +40,16 @@ export class DedupError extends Error {
 export class NotInTransactionError extends DedupError {
   constructor(message: string, options?: { cause?: unknown });
   code: 'DEDUP_NOT_IN_TRANSACTION';
+}
+
+/**
+ * lease(), extendLease() or releaseLease() on a client inside a transaction block, or a
+ * failed one: each runs in a short transaction of its own (on the Pool, or a client
+ * outside any transaction). Nothing was sent.
+ */
+export class InTransactionError extends DedupError {
+  constructor(message: string, options?: { cause?: unknown });
+  code: 'DEDUP_IN_TRANSACTION';
 }
 
 /** The SQLSTATEs on which runOnce() retries the whole transaction: 40001, 40P01. */
@@ -117,13 +129,22 @@ export interface LeaseOptions {
   fingerprint?: string | null;
 }
 
-/** dedup.lease, in a statement of its own: call it on the Pool (or a client outside a transaction). */
+/**
+ * dedup.lease, in a short transaction of its own, committed before the effect: call it on
+ * the Pool or on a client outside any transaction; InTransactionError inside one.
+ */
 export function lease(db: QueryClient, jobId: JobId, opts?: LeaseOptions): Promise<Lease>;
-/** dedup.complete: the job is done, with result stored as jsonb (undefined: none). */
+/**
+ * dedup.complete: the job is done, with result stored as jsonb (undefined: none). On the
+ * Pool, or on a client, whose transaction (if any) it joins: a database write that goes
+ * with the effect commits with the completion.
+ */
 export function complete(db: QueryClient, jobId: JobId, leaseId: string, result?: unknown, opts?: { scope?: string }): Promise<void>;
-/** dedup.extend_lease: the lease ends opts.seconds from now; resolves to that time. */
+/** dedup.extend_lease: the lease ends opts.seconds from now; resolves to that time.
+ * In a transaction of its own, as lease(): InTransactionError inside one. */
 export function extendLease(db: QueryClient, jobId: JobId, leaseId: string, opts?: { scope?: string; seconds?: number | null }): Promise<Date>;
-/** dedup.release_lease: gives the job back after a failed effect. */
+/** dedup.release_lease: gives the job back after a failed effect.
+ * In a transaction of its own, as lease(): InTransactionError inside one. */
 export function releaseLease(db: QueryClient, jobId: JobId, leaseId: string, opts?: { scope?: string }): Promise<void>;
 
 /**

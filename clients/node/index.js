@@ -44,6 +44,17 @@ export class NotInTransactionError extends DedupError {
   }
 }
 
+/**
+ * lease(), extendLease() or releaseLease() was called on a client inside a transaction
+ * block (or a failed one): each must run in a short transaction of its own.
+ */
+export class InTransactionError extends DedupError {
+  constructor(message, options) {
+    super(message, 'DEDUP_IN_TRANSACTION', options);
+    this.name = 'InTransactionError';
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Input checks: before any query, with the name of the function and of the argument.
 
@@ -175,6 +186,26 @@ async function requireTransaction(fn, client) {
       'statement raised an error): ROLLBACK it and retry the whole transaction',
     'DEDUP_TRANSACTION_FAILED');
   }
+}
+
+/**
+ * For lease, extendLease and releaseLease: a Pool's query is a statement of its own; a
+ * client must be outside a transaction block. Inside one, the lease would be rolled back
+ * with it (a retried transaction leases again and repeats the external effect) and an
+ * extension stays invisible to other consumers until COMMIT (one takes the lease over).
+ */
+async function requireNoTransaction(fn, db) {
+  if (isPool(db)) return;
+  const status = await transactionStatus(db);
+  if (status === 'I') return;
+  const where = status === 'E'
+    ? 'inside a failed transaction (an earlier statement raised an error)'
+    : 'inside a transaction (BEGIN ... COMMIT)';
+  throw new InTransactionError(`dedup ${fn}: the client is ${where}: lease, extendLease ` +
+    'and releaseLease each run in a short transaction of its own, committed before the ' +
+    'external effect (inside another transaction, its rollback or retry would undo the ' +
+    'lease and repeat the effect, and an extension would stay invisible to other consumers ' +
+    'until COMMIT): call it on the Pool, or on a client outside any transaction');
 }
 
 // ---------------------------------------------------------------------------------------
@@ -328,8 +359,10 @@ export async function runOnce(pool, jobId, effect, opts = undefined) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Leases: for an effect outside the database. Each call is a statement of its own
-// (autocommit on a Pool), or joins the transaction of the client given.
+// Leases: for an effect outside the database. lease, extendLease and releaseLease each run
+// as a statement of its own, committed at once (on a Pool, or on a client outside any
+// transaction: InTransactionError otherwise). complete may also join the transaction of
+// the client given, for a database write that goes with the effect.
 
 function durationSeconds(fn, what, value) {
   if (value === undefined || value === null) return null;
@@ -356,6 +389,7 @@ function leaseJob(fn, jobId) {
  * dedup.lease: takes the job for an external effect. Resolves to { status, leaseId,
  * expiresAt, result, claimedAt }; status 'acquired' (do the effect, then complete),
  * 'done' (acknowledge) or 'busy' (another holder: leave the message unacknowledged).
+ * On a Pool or a client outside any transaction: InTransactionError inside one.
  */
 export async function lease(db, jobId, opts = undefined) {
   checkQueryable('lease', 'db', db);
@@ -364,6 +398,7 @@ export async function lease(db, jobId, opts = undefined) {
   const scope = scopeParam('lease', o.scope);
   const seconds = durationSeconds('lease', 'seconds', o.seconds);
   const fingerprint = fingerprintParam('lease', o.fingerprint);
+  await requireNoTransaction('lease', db);
   const { rows: [row] } = await db.query(
     'SELECT status, lease_id, expires_at, result, claimed_at FROM dedup.lease($1::text, $2::text, ' +
     'CASE WHEN $3::float8 IS NULL THEN NULL ELSE make_interval(secs => $3::float8) END, $4::text)',
@@ -377,7 +412,11 @@ export async function lease(db, jobId, opts = undefined) {
   };
 }
 
-/** dedup.complete: marks the leased job done, storing result (any JSON value; undefined: none). */
+/**
+ * dedup.complete: marks the leased job done, storing result (any JSON value; undefined:
+ * none). On a Pool, or on a client: then it joins the client's transaction, if any (a
+ * database write that goes with the effect commits with the completion).
+ */
 export async function complete(db, jobId, leaseId, result = undefined, opts = undefined) {
   checkQueryable('complete', 'db', db);
   const job = leaseJob('complete', jobId);
@@ -387,7 +426,10 @@ export async function complete(db, jobId, leaseId, result = undefined, opts = un
   await db.query('SELECT dedup.complete($1::text, $2::uuid, $3::jsonb, $4::text)', [job, id, json, scope]);
 }
 
-/** dedup.extend_lease: the lease now ends opts.seconds from now; resolves to the new expiry. */
+/**
+ * dedup.extend_lease: the lease now ends opts.seconds from now; resolves to the new expiry.
+ * On a Pool or a client outside any transaction: InTransactionError inside one.
+ */
 export async function extendLease(db, jobId, leaseId, opts = undefined) {
   checkQueryable('extendLease', 'db', db);
   const job = leaseJob('extendLease', jobId);
@@ -395,18 +437,23 @@ export async function extendLease(db, jobId, leaseId, opts = undefined) {
   const o = optionsObject('extendLease', opts);
   const scope = scopeParam('extendLease', o.scope);
   const seconds = durationSeconds('extendLease', 'seconds', o.seconds);
+  await requireNoTransaction('extendLease', db);
   const { rows: [row] } = await db.query(
     'SELECT dedup.extend_lease($1::text, $2::uuid, CASE WHEN $3::float8 IS NULL THEN NULL ' +
     'ELSE make_interval(secs => $3::float8) END, $4::text) AS expires_at', [job, id, seconds, scope]);
   return row.expires_at;
 }
 
-/** dedup.release_lease: gives the lease back after a failed effect. */
+/**
+ * dedup.release_lease: gives the lease back after a failed effect. On a Pool or a client
+ * outside any transaction: InTransactionError inside one.
+ */
 export async function releaseLease(db, jobId, leaseId, opts = undefined) {
   checkQueryable('releaseLease', 'db', db);
   const job = leaseJob('releaseLease', jobId);
   const id = leaseIdParam('releaseLease', leaseId);
   const scope = scopeParam('releaseLease', optionsObject('releaseLease', opts).scope);
+  await requireNoTransaction('releaseLease', db);
   await db.query('SELECT dedup.release_lease($1::text, $2::uuid, $3::text)', [job, id, scope]);
 }
 

@@ -36,7 +36,7 @@ test('package.json: version 0.6.0, PostgreSQL licence, ESM with types, no depend
 test('the main entry exports the API and does not load bullmq (an optional peer)', async () => {
   const api = await import('dedup-client');
   assert.deepEqual(Object.keys(api).sort(), [
-    'DedupError', 'NotInTransactionError', 'RETRYABLE_SQLSTATES', 'checkJobId', 'claim',
+    'DedupError', 'InTransactionError', 'NotInTransactionError', 'RETRYABLE_SQLSTATES', 'checkJobId', 'claim',
     'complete', 'extendLease', 'lease', 'releaseLease', 'runLeased', 'runOnce',
     'runOnceWithResult',
   ]);

@@ -3,7 +3,7 @@
 // lines marked to expect an error fail the check if the types accept anything.
 import pg from 'pg';
 import { claim, runOnce, runOnceWithResult, lease, complete, extendLease, releaseLease, runLeased,
-  DedupError, NotInTransactionError, checkJobId, RETRYABLE_SQLSTATES } from 'dedup-client';
+  DedupError, InTransactionError, NotInTransactionError, checkJobId, RETRYABLE_SQLSTATES } from 'dedup-client';
 import { exactlyOnceWorker } from 'dedup-client/bullmq';
 
 const pool = new pg.Pool();
@@ -25,6 +25,7 @@ async function main() {
     await complete(pool, 'pay-1', l.leaseId, { charge: 'ch_1' }, { scope: 'payments' });
     await releaseLease(pool, 'pay-1', l.leaseId);
   }
+  try { await lease(client, 'pay-3'); } catch (e) { if (e instanceof InTransactionError) { const c: 'DEDUP_IN_TRANSACTION' = e.code; } }
   const out = await runLeased(pool, 'pay-2', async ({ jobId, leaseId }) => ({ ok: true }));
   try { checkJobId('x'); } catch (e) { if (e instanceof NotInTransactionError || e instanceof DedupError) console.log(e.code); }
   const codes: readonly string[] = RETRYABLE_SQLSTATES;
