@@ -4,7 +4,8 @@
 # Builds a fresh Cargo project in a temporary folder whose dependency is this crate by its
 # path (with the drivers, tokio, and uuid, as a user's project would have them), starts a
 # PostgreSQL of its own with dedup installed, and runs e2e/main.rs: bad input, claims,
-# run_once with injected 40001/40P01 (also at COMMIT), leases, and end to end: a table
+# run_once with injected 40001/40P01 (also at COMMIT), an effect that swallows a failed
+# statement, leases, the lease heartbeat against a locked row, and end to end: a table
 # queue with every job sent twice, three worker processes, one killed with SIGKILL.
 #
 # Environment:

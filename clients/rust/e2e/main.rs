@@ -16,7 +16,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgPool};
 use std::future::Future;
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio_postgres::{Client, NoTls};
@@ -887,6 +887,124 @@ async fn run_once_sqlx() -> TestResult {
     Ok(())
 }
 
+/// The claim rows of `job` in `scope`.
+async fn claims_of(c: &Client, job: &str, scope: &str) -> Result<i64, String> {
+    c.query_one(
+        "SELECT count(*) FROM dedup.processed WHERE job_id = $1 AND scope = $2",
+        &[&job, &scope],
+    )
+    .await
+    .ctx("count claims")
+    .map(|row| row.get(0))
+}
+
+/// An effect that ignores a failed statement leaves the transaction aborted: its COMMIT
+/// ends in ROLLBACK without an error from the driver. run_once must not report that as
+/// done (the caller would acknowledge a job that left nothing behind).
+async fn aborted_effect_tokio_postgres() -> TestResult {
+    let mut c = connect(DB).await?;
+    let admin = connect(DB).await?;
+    let scope = "aborted-pg";
+    let calls = AtomicU32::new(0);
+    let calls = &calls;
+    let r: Result<Outcome<()>, Error> =
+        dpg::run_once(&mut c, "ab-1", scope, &RunOptions::new(), |tx| {
+            Box::pin(async move {
+                calls.fetch_add(1, Relaxed);
+                tx.execute("INSERT INTO effects (job, via) VALUES ('ab-1', 'pg')", &[])
+                    .await?;
+                // A bug of the effect: the failed statement (23502) is swallowed.
+                let _ = tx
+                    .execute("INSERT INTO effects (job, via) VALUES (NULL, 'pg')", &[])
+                    .await;
+                Ok(())
+            })
+        })
+        .await;
+    let retryable = r.as_ref().is_err_and(Error::is_retryable);
+    expect_sqlstate("an effect that swallowed an error", r, "25P02")?;
+    check!(!retryable, "an aborted transaction counted as retryable");
+    check!(calls.load(Relaxed) == 1, "the aborted effect was retried");
+    check!(
+        claims_of(&admin, "ab-1", scope).await? == 0,
+        "a claim committed"
+    );
+    check!(
+        effects_of(&admin, "ab-1").await? == 0,
+        "an effect row committed"
+    );
+    // The transaction was rolled back: the client works, and the redelivery runs the effect.
+    let out = dpg::run_once(&mut c, "ab-1", scope, &RunOptions::new(), |tx| {
+        Box::pin(async move {
+            calls.fetch_add(1, Relaxed);
+            tx.execute("INSERT INTO effects (job, via) VALUES ('ab-1', 'pg')", &[])
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+    .ctx("the redelivery")?;
+    check!(out.ran(), "the redelivery did not run: {out:?}");
+    check!(
+        effects_of(&admin, "ab-1").await? == 1 && claims_of(&admin, "ab-1", scope).await? == 1,
+        "the redelivery left no effect or no claim"
+    );
+    Ok(())
+}
+
+async fn aborted_effect_sqlx() -> TestResult {
+    let pool = pool_as(DB, "dedup-client-test", 1).await?;
+    let admin = connect(DB).await?;
+    let scope = "aborted-sqlx";
+    let calls = AtomicU32::new(0);
+    let calls = &calls;
+    let r: Result<Outcome<()>, Error> =
+        dsx::run_once(&pool, "ab-sx", scope, &RunOptions::new(), |tx| {
+            Box::pin(async move {
+                calls.fetch_add(1, Relaxed);
+                sqlx::query("INSERT INTO effects (job, via) VALUES ('ab-sx', 'sqlx')")
+                    .execute(&mut **tx)
+                    .await?;
+                // A bug of the effect: the failed statement (23502) is swallowed.
+                let _ = sqlx::query("INSERT INTO effects (job, via) VALUES (NULL, 'sqlx')")
+                    .execute(&mut **tx)
+                    .await;
+                Ok(())
+            })
+        })
+        .await;
+    let retryable = r.as_ref().is_err_and(Error::is_retryable);
+    expect_sqlstate("an effect that swallowed an error", r, "25P02")?;
+    check!(!retryable, "an aborted transaction counted as retryable");
+    check!(calls.load(Relaxed) == 1, "the aborted effect was retried");
+    check!(
+        claims_of(&admin, "ab-sx", scope).await? == 0,
+        "a claim committed"
+    );
+    check!(
+        effects_of(&admin, "ab-sx").await? == 0,
+        "an effect row committed"
+    );
+    // The pool's only connection is usable again, and the redelivery runs the effect.
+    let out = dsx::run_once(&pool, "ab-sx", scope, &RunOptions::new(), |tx| {
+        Box::pin(async move {
+            calls.fetch_add(1, Relaxed);
+            sqlx::query("INSERT INTO effects (job, via) VALUES ('ab-sx', 'sqlx')")
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        })
+    })
+    .await
+    .ctx("the redelivery")?;
+    check!(out.ran(), "the redelivery did not run: {out:?}");
+    check!(
+        effects_of(&admin, "ab-sx").await? == 1 && claims_of(&admin, "ab-sx", scope).await? == 1,
+        "the redelivery left no effect or no claim"
+    );
+    Ok(())
+}
+
 fn is_json_with(result: &Option<String>, needle: &str) -> bool {
     result.as_deref().is_some_and(|r| r.contains(needle))
 }
@@ -1153,6 +1271,192 @@ async fn leases_sqlx() -> TestResult {
         s => return Err(format!("after a failed effect: {s:?}")),
     }
     Ok(())
+}
+
+/// Locks the row of lease `job` in `scope` from `after` to `until` (both counted from the
+/// call) in a transaction of its own; `true` if meanwhile a session named `app` waited for
+/// a lock (the heartbeat's UPDATE).
+async fn hold_lease_row(
+    job: &str,
+    scope: &str,
+    app: &str,
+    after: Duration,
+    until: Duration,
+) -> Result<bool, String> {
+    let start = tokio::time::Instant::now();
+    let mut locker = connect(DB).await?;
+    let watcher = connect(DB).await?;
+    tokio::time::sleep_until(start + after).await;
+    let tx = locker.transaction().await.ctx("begin")?;
+    let locked = tx
+        .execute(
+            "SELECT FROM dedup.processed WHERE job_id = $1 AND scope = $2 FOR UPDATE",
+            &[&job, &scope],
+        )
+        .await
+        .ctx("lock the lease's row")?;
+    check!(locked == 1, "no row to lock for {job}");
+    let mut waited = false;
+    while tokio::time::Instant::now() < start + until {
+        waited |= count_with(
+            &watcher,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            app,
+        )
+        .await?
+            > 0;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tx.commit().await.ctx("commit")?;
+    Ok(waited)
+}
+
+async fn count_with(c: &Client, sql: &str, arg: &str) -> Result<i64, String> {
+    c.query_one(sql, &[&arg])
+        .await
+        .ctx(sql)
+        .map(|row| row.get(0))
+}
+
+/// run_leased's heartbeat against the server. `run(job, lease, work, finished)` calls
+/// run_leased in `scope` on a connection named `app` whose lock_timeout is 100 ms, with a
+/// lease of `lease` and an effect that sleeps `work`, then sets `finished`.
+async fn heartbeat_scenarios<R, Fut>(app: &str, scope: &str, run: R) -> TestResult
+where
+    R: Fn(&'static str, Duration, Duration, Arc<AtomicBool>) -> Fut,
+    Fut: Future<Output = Result<LeaseOutcome, Error>>,
+{
+    let ms = Duration::from_millis;
+    let admin = connect(DB).await?;
+    // A heartbeat that fails (55P03: another session holds the lease's row, the UPDATE gives
+    // up after 100 ms) is tried again at the next tick, and the effect runs to its end. A
+    // 3 s lease, ticks at 1 s, 2 s, 3 s; the row locked from 0.3 s to 1.6 s.
+    let finished = Arc::new(AtomicBool::new(false));
+    let (out, waited) = tokio::join!(
+        run("hb-1", ms(3000), ms(3500), finished.clone()),
+        hold_lease_row("hb-1", scope, app, ms(300), ms(1600))
+    );
+    check!(
+        waited?,
+        "hb-1: the heartbeat did not wait for the locked row"
+    );
+    check!(
+        matches!(&out, Ok(LeaseOutcome::Ran { .. })),
+        "hb-1: a heartbeat that failed once (55P03) ended run_leased: {out:?}"
+    );
+    check!(finished.load(Relaxed), "hb-1: the effect did not finish");
+    check!(
+        claims_of(&admin, "hb-1", scope).await? == 1,
+        "hb-1: no claim row"
+    );
+    // A heartbeat that fails until the lease would expire: run_leased gives up then, not
+    // before, with the heartbeat's error, and drops the effect. A 1.2 s lease, ticks at
+    // 0.4 s, 0.8 s, 1.2 s; the row locked from 0.1 s to 2.2 s.
+    let finished = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let ((out, took), waited) = tokio::join!(
+        async {
+            let out = run("hb-2", ms(1200), ms(3000), finished.clone()).await;
+            (out, start.elapsed())
+        },
+        hold_lease_row("hb-2", scope, app, ms(100), ms(2200))
+    );
+    check!(
+        waited?,
+        "hb-2: the heartbeat did not wait for the locked row"
+    );
+    expect_sqlstate("hb-2: a heartbeat failing until the expiry", out, "55P03")?;
+    check!(
+        took >= ms(1150),
+        "hb-2: gave up after {took:?}, before the 1.2 s lease would expire"
+    );
+    check!(
+        !finished.load(Relaxed),
+        "hb-2: the effect ran on after the heartbeat gave up"
+    );
+    // YD002 (another caller holds the job: a new lease_id stands for the takeover): give up
+    // at the first tick (0.5 s of a 1.5 s lease).
+    let finished = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let ((out, took), stolen) = tokio::join!(
+        async {
+            let out = run("hb-3", ms(1500), ms(3000), finished.clone()).await;
+            (out, start.elapsed())
+        },
+        async {
+            tokio::time::sleep(ms(200)).await;
+            admin
+                .execute(
+                    "UPDATE dedup.processed SET lease_id = gen_random_uuid() \
+                      WHERE job_id = 'hb-3' AND scope = $1",
+                    &[&scope],
+                )
+                .await
+                .ctx("take hb-3 over")
+        }
+    );
+    check!(stolen? == 1, "hb-3: no lease to take over");
+    check!(
+        out.as_ref().is_err_and(Error::is_lease_lost),
+        "hb-3: a lost lease: {out:?}"
+    );
+    check!(
+        took < ms(1200),
+        "hb-3: gave up on a lost lease after {took:?}"
+    );
+    check!(
+        !finished.load(Relaxed),
+        "hb-3: the effect ran on after the lease was lost"
+    );
+    Ok(())
+}
+
+async fn heartbeat_tokio_postgres() -> TestResult {
+    let app = "dedup-heartbeat-pg";
+    let scope = "heartbeat-pg";
+    let c = connect_as(DB, app).await?;
+    c.batch_execute("SET lock_timeout = '100ms'")
+        .await
+        .ctx("lock_timeout")?;
+    let c = &c;
+    heartbeat_scenarios(app, scope, |job, lease, work, finished| async move {
+        let options = LeaseOptions::duration(lease);
+        dpg::run_leased(c, job, scope, &options, |_| async move {
+            tokio::time::sleep(work).await;
+            finished.store(true, Relaxed);
+            Ok(Some(r#"{"hb": true}"#.to_owned()))
+        })
+        .await
+    })
+    .await
+}
+
+async fn heartbeat_sqlx() -> TestResult {
+    let app = "dedup-heartbeat-sqlx";
+    let scope = "heartbeat-sqlx";
+    let options = PgConnectOptions::new()
+        .host(&host())
+        .port(port())
+        .username(&user())
+        .database(DB)
+        .application_name(app)
+        .options([("lock_timeout", "100ms")]);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .ctx("sqlx pool")?;
+    let pool = &pool;
+    heartbeat_scenarios(app, scope, |job, lease, work, finished| async move {
+        let options = LeaseOptions::duration(lease);
+        dsx::run_leased(pool, job, scope, &options, |_| async move {
+            tokio::time::sleep(work).await;
+            finished.store(true, Relaxed);
+            Ok(Some(r#"{"hb": true}"#.to_owned()))
+        })
+        .await
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1542,8 +1846,15 @@ async fn suite(only: Option<&str>) -> ExitCode {
     test!("claim_sqlx", claim_sqlx());
     test!("run_once_tokio_postgres", run_once_tokio_postgres());
     test!("run_once_sqlx", run_once_sqlx());
+    test!(
+        "aborted_effect_tokio_postgres",
+        aborted_effect_tokio_postgres()
+    );
+    test!("aborted_effect_sqlx", aborted_effect_sqlx());
     test!("leases_tokio_postgres", leases_tokio_postgres());
     test!("leases_sqlx", leases_sqlx());
+    test!("heartbeat_tokio_postgres", heartbeat_tokio_postgres());
+    test!("heartbeat_sqlx", heartbeat_sqlx());
     test!("end_to_end_tokio_postgres", end_to_end("tokio_postgres"));
     test!("end_to_end_sqlx", end_to_end("sqlx"));
     if failed == 0 {

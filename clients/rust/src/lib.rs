@@ -15,11 +15,17 @@
 //!   `40001` (serialization_failure) and `40P01` (deadlock_detected) with a bounded
 //!   backoff. They return [`Outcome::Ran`] or [`Outcome::Duplicate`]; either way the
 //!   transaction committed and the message can be acknowledged. On an error it did not
-//!   commit: do not acknowledge, the queue delivers the message again.
+//!   commit: do not acknowledge, the queue delivers the message again. An effect that
+//!   ignored a failed statement left the transaction aborted, and its COMMIT would roll
+//!   back without an error from the driver: `run_once` checks, rolls back and returns
+//!   [`Error::TransactionAborted`] instead of reporting the job done.
 //! * The lease functions ([`tokio_postgres::lease`], [`tokio_postgres::run_leased`] and their
 //!   [`sqlx`] twins) are for effects outside the database (an email, a payment): a
 //!   [`Lease`] is consumed by `complete` or `release`, so it cannot be completed twice or
-//!   after it was given back.
+//!   after it was given back. `lease`, `extend` and `release` take a client in autocommit
+//!   (a tokio-postgres `&Client`, a sqlx `&PgPool`), not a transaction: a lease taken or
+//!   extended in a transaction would not count until its COMMIT, and would vanish with a
+//!   rollback.
 //!
 //! Features: `tokio-postgres`, `sqlx` (sqlx 0.8 with `postgres` and `runtime-tokio`, no
 //! TLS of its own: enable one on your `sqlx` dependency), `uuid` (job ids of type
@@ -348,7 +354,7 @@ fn random_unit() -> f64 {
 #[derive(Clone, Debug, Default)]
 pub struct LeaseOptions<'a> {
     /// How long the lease holds the job; `None`: the server's `dedup.lease_duration` (30 s).
-    /// `run_leased` extends it every third of the time the server gave while the effect
+    /// `run_leased` extends it by as much every third of this duration while the effect
     /// runs.
     pub duration: Option<Duration>,
     /// A hash of the payload, 1 to 256 bytes: the same job id with another fingerprint is
@@ -397,6 +403,7 @@ pub struct Lease {
     scope: String,
     lease_id: String,
     expires_at: SystemTime,
+    duration: Duration,
 }
 
 impl Lease {
@@ -408,6 +415,7 @@ impl Lease {
             scope: self.scope.clone(),
             lease_id: self.lease_id.clone(),
             expires_at: self.expires_at,
+            duration: self.duration,
         }
     }
     /// The job leased (its text).
@@ -423,8 +431,15 @@ impl Lease {
         &self.lease_id
     }
     /// When the lease expires, unless extended; another caller may then take the job over.
+    /// The server's clock: compare it with the local clock only if the two agree.
     pub fn expires_at(&self) -> SystemTime {
         self.expires_at
+    }
+    /// How long the lease was taken or last extended for: the duration asked for, or the
+    /// server's `dedup.lease_duration`. Unlike `expires_at`, it does not depend on the
+    /// clocks: a heartbeat every third of it keeps the lease whatever their skew.
+    pub fn duration(&self) -> Duration {
+        self.duration
     }
 }
 
@@ -477,6 +492,12 @@ impl LeaseOutcome {
     }
 }
 
+/// A duration the server gave, in seconds.
+fn seconds(secs: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| Error::Protocol(format!("a duration of {secs} seconds")))
+}
+
 fn epoch_to_time(secs: f64) -> SystemTime {
     if secs >= 0.0 {
         UNIX_EPOCH + Duration::from_secs_f64(secs)
@@ -485,6 +506,9 @@ fn epoch_to_time(secs: f64) -> SystemTime {
     }
 }
 
+/// The row of `dedup.lease`, and `duration`: the one asked for or the server's
+/// `dedup.lease_duration`, in seconds.
+#[allow(clippy::too_many_arguments)]
 fn lease_status(
     job: String,
     scope: &str,
@@ -493,6 +517,7 @@ fn lease_status(
     expires_at: Option<f64>,
     result: Option<String>,
     claimed_at: Option<f64>,
+    duration: f64,
 ) -> Result<LeaseStatus, Error> {
     let unexpected = || Error::Protocol(format!("dedup.lease returned status {status:?}"));
     Ok(match status {
@@ -501,6 +526,7 @@ fn lease_status(
             scope: scope.to_owned(),
             lease_id: lease_id.ok_or_else(unexpected)?,
             expires_at: epoch_to_time(expires_at.ok_or_else(unexpected)?),
+            duration: seconds(duration)?,
         }),
         "done" => LeaseStatus::Done {
             result,
@@ -513,9 +539,25 @@ fn lease_status(
     })
 }
 
+/// The heartbeat's period for a lease of `duration`: a third of it. Derived from the
+/// duration, not from the server's `expires_at` and the local clock, which may disagree.
+fn heartbeat_period(duration: Duration) -> Duration {
+    (duration / 3).max(Duration::from_millis(1))
+}
+
+/// How the effect of `run_leased` ended.
+enum Ending {
+    /// The effect returned.
+    Returned(Result<Option<String>, Error>),
+    /// A heartbeat failed and the lease is not (or may no longer be) this caller's.
+    Heartbeat(Error),
+}
+
 /// `run_leased`'s common part: a heartbeat beside the effect, then complete or release.
+/// `leased_at` is when the lease was asked for (the local monotonic clock).
 async fn drive_lease<Ef, Fut, Ext, ExtF, Rel, RelF, Com, ComF>(
     lease: Lease,
+    leased_at: tokio::time::Instant,
     effect: Ef,
     mut extend: Ext,
     release: Rel,
@@ -531,15 +573,13 @@ where
     Com: FnOnce(Lease, Option<String>) -> ComF,
     ComF: Future<Output = Result<(), Error>>,
 {
-    // Every third of the lease the server gave (the duration asked for, or its
-    // dedup.lease_duration), measured from now.
-    let every = lease
-        .expires_at
-        .duration_since(SystemTime::now())
-        .unwrap_or_default()
-        .max(Duration::from_millis(30))
-        / 3;
-    let outcome = {
+    // An extension every third of the lease's duration, each by the same duration.
+    let every = heartbeat_period(lease.duration);
+    // The server's expiry is its clock when it took (or extended) the lease plus the
+    // duration, which is no earlier than the local clock when it was asked for plus the
+    // duration: by the monotonic clock, the lease is held until `held_until` at least.
+    let mut held_until = leased_at + lease.duration;
+    let ending = {
         let mut call = pin!(effect(&lease));
         let start = tokio::time::Instant::now() + every;
         let mut heartbeat = tokio::time::interval_at(start, every);
@@ -552,22 +592,33 @@ where
                 heartbeat.poll_tick(cx).map(|_| None)
             })
             .await;
-            match next {
-                Some(out) => break out,
-                // YD002: the lease expired and another caller took the job over. Returning
-                // drops the effect: the job is that caller's now.
-                None => extend(&lease).await?,
-            }
+            let Some(out) = next else {
+                let sent = tokio::time::Instant::now();
+                match extend(&lease).await {
+                    Ok(()) => held_until = sent + lease.duration,
+                    // YD002: the lease expired and another caller took the job over; the
+                    // job is theirs now: drop the effect.
+                    Err(e) if e.is_lease_lost() => break Ending::Heartbeat(e),
+                    // Another error (a lost connection, a lock timeout): the lease is held
+                    // until `held_until` still; try again at the next tick.
+                    Err(_) if tokio::time::Instant::now() < held_until => {}
+                    // Until the lease would expire: then give up and drop the effect.
+                    Err(e) => break Ending::Heartbeat(e),
+                }
+                continue;
+            };
+            break Ending::Returned(out);
         }
     };
-    match outcome {
-        Ok(result) => {
+    match ending {
+        Ending::Returned(Ok(result)) => {
             complete(lease, result.clone()).await?;
             Ok(LeaseOutcome::Ran { result })
         }
-        Err(e) => {
+        Ending::Heartbeat(e) if e.is_lease_lost() => Err(e),
+        Ending::Returned(Err(e)) | Ending::Heartbeat(e) => {
             // Give the job back so the redelivered copy need not wait for the lease to
-            // expire; the effect's error is the one reported.
+            // expire; the effect's (or the heartbeat's) error is the one reported.
             let _ = release(lease).await;
             Err(e)
         }
@@ -598,6 +649,14 @@ pub enum Error {
     Sqlx(::sqlx::Error),
     /// The effect's own error ([`Error::effect`]): not retried.
     Effect(Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The effect of `run_once` returned `Ok`, but a statement of its transaction had
+    /// failed (an error the effect ignored, e.g. `let _ = tx.execute(..)`): the transaction
+    /// was aborted, and its COMMIT would have rolled back without an error from the driver.
+    /// `run_once` rolled it back: nothing committed, do not acknowledge the message. Not
+    /// retried (the effect would likely do the same again): fix the effect, which must
+    /// return the error, or run the statement that may fail in a savepoint. `sqlstate()` is
+    /// `25P02` (in_failed_sql_transaction).
+    TransactionAborted,
     /// The server answered something this crate does not understand (another version of
     /// the extension?).
     Protocol(String),
@@ -611,11 +670,12 @@ impl Error {
     }
 
     /// The SQLSTATE: the server's for a database error, the one the server would have
-    /// raised for [`Error::InvalidArgument`], `None` otherwise (a connection error, an
-    /// effect's own error).
+    /// raised for [`Error::InvalidArgument`], `25P02` for [`Error::TransactionAborted`],
+    /// `None` otherwise (a connection error, an effect's own error).
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             Error::InvalidArgument { sqlstate, .. } => Some(sqlstate),
+            Error::TransactionAborted => Some("25P02"),
             #[cfg(feature = "tokio-postgres")]
             Error::Postgres(e) => e.code().map(|c| c.code()),
             #[cfg(feature = "sqlx")]
@@ -697,6 +757,10 @@ impl fmt::Display for Error {
                 e => write!(f, "{e}"),
             },
             Error::Effect(e) => write!(f, "effect failed: {e}"),
+            Error::TransactionAborted => f.write_str(
+                "transaction aborted (25P02): a statement of the effect failed and the effect \
+                 went on; rolled back, nothing committed",
+            ),
             Error::Protocol(m) => write!(f, "unexpected answer from the server: {m}"),
         }
     }
@@ -763,6 +827,152 @@ mod tests {
             assert!(d <= Duration::from_millis(50), "{attempt}: {d:?}");
             assert!(d >= Duration::from_millis(5), "{attempt}: {d:?}");
         }
+    }
+
+    /// A lease of `duration` as `lease` returns it to a client whose clock is `skew` ahead
+    /// of the server's (or behind it).
+    fn skewed_lease(duration: Duration, skew_ahead: bool, skew: Duration) -> Lease {
+        let server_now = if skew_ahead {
+            SystemTime::now() - skew
+        } else {
+            SystemTime::now() + skew
+        };
+        let expires_at = server_now + duration;
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+        match lease_status(
+            "j".into(),
+            "s",
+            "acquired",
+            Some("00000000-0000-0000-0000-000000000000".into()),
+            Some(secs(expires_at)),
+            None,
+            Some(secs(server_now)),
+            duration.as_secs_f64(),
+        ) {
+            Ok(LeaseStatus::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// run_leased's heartbeat on a fake lease, with an effect of `work` and an extension
+    /// that fails as `fails(n)` says for its `n`th call (from 0): the outcome and the number
+    /// of extensions.
+    async fn heartbeats(
+        lease: Lease,
+        work: Duration,
+        fails: impl Fn(u32) -> Option<Error>,
+    ) -> (Result<LeaseOutcome, Error>, u32, bool) {
+        let extends = std::sync::atomic::AtomicU32::new(0);
+        let released = std::sync::atomic::AtomicBool::new(false);
+        let out = drive_lease(
+            lease,
+            tokio::time::Instant::now(),
+            |_| async move {
+                tokio::time::sleep(work).await;
+                Ok(None)
+            },
+            |_| {
+                let n = extends.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let r = fails(n).map_or(Ok(()), Err);
+                async move { r }
+            },
+            |_| {
+                released.store(true, std::sync::atomic::Ordering::Relaxed);
+                async { Ok(()) }
+            },
+            |_, _| async { Ok(()) },
+        )
+        .await;
+        (out, extends.into_inner(), released.into_inner())
+    }
+
+    #[test]
+    fn heartbeat_period_is_a_third_of_the_duration() {
+        assert_eq!(
+            heartbeat_period(Duration::from_secs(30)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            heartbeat_period(Duration::from_millis(1500)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            heartbeat_period(Duration::from_micros(1)),
+            Duration::from_millis(1)
+        );
+        for skew in [Duration::ZERO, Duration::from_secs(3600)] {
+            for ahead in [true, false] {
+                let lease = skewed_lease(Duration::from_secs(30), ahead, skew);
+                assert_eq!(lease.duration(), Duration::from_secs(30));
+                assert_eq!(heartbeat_period(lease.duration()), Duration::from_secs(10));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn heartbeat_period_ignores_the_clocks() {
+        // A client clock an hour ahead: the server's expiry looks past. A 3 s lease needs no
+        // heartbeat in 300 ms (not one every 10 ms).
+        let lease = skewed_lease(Duration::from_secs(3), true, Duration::from_secs(3600));
+        let (out, n, _) = heartbeats(lease, Duration::from_millis(300), |_| None).await;
+        assert!(matches!(out, Ok(LeaseOutcome::Ran { .. })), "{out:?}");
+        assert_eq!(n, 0, "a 3 s lease extended {n} times in 300 ms");
+        // A client clock an hour behind: the expiry looks an hour away. A 300 ms lease is
+        // extended every 100 ms (not after 20 minutes).
+        let lease = skewed_lease(Duration::from_millis(300), false, Duration::from_secs(3600));
+        let (out, n, _) = heartbeats(lease, Duration::from_millis(550), |_| None).await;
+        assert!(matches!(out, Ok(LeaseOutcome::Ran { .. })), "{out:?}");
+        assert!(
+            (3..=6).contains(&n),
+            "a 300 ms lease extended {n} times in 550 ms"
+        );
+    }
+
+    fn lost() -> Error {
+        // What the server's YD002 looks like to the heartbeat (is_lease_lost).
+        Error::InvalidArgument {
+            argument: "lease_id",
+            sqlstate: "YD002",
+            message: "lease not held".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn heartbeat_gives_up_only_on_a_lost_lease_or_at_the_expiry() {
+        let ms = Duration::from_millis;
+        let reset = || Some(Error::Protocol("connection reset".into()));
+        // Two failed extensions of a 300 ms lease (at 100 and 200 ms), then one that works:
+        // the effect runs to its end.
+        let lease = skewed_lease(ms(300), true, Duration::ZERO);
+        let (out, n, released) =
+            heartbeats(lease, ms(550), |n| if n < 2 { reset() } else { None }).await;
+        assert!(matches!(out, Ok(LeaseOutcome::Ran { .. })), "{out:?}");
+        assert!(n >= 3 && !released, "{n} extensions, released: {released}");
+        // Failing until the lease would expire: given up at the third tick (300 ms) with
+        // the heartbeat's error, the lease released.
+        let lease = skewed_lease(ms(300), true, Duration::ZERO);
+        let start = std::time::Instant::now();
+        let (out, n, released) = heartbeats(lease, ms(2000), |_| reset()).await;
+        let took = start.elapsed();
+        assert!(matches!(out, Err(Error::Protocol(_))), "{out:?}");
+        assert!(
+            (2..=3).contains(&n) && released,
+            "{n} extensions, released: {released}"
+        );
+        assert!(took >= ms(300) && took < ms(1000), "gave up after {took:?}");
+        // YD002: given up at the first tick, not released (the job is another caller's).
+        let lease = skewed_lease(ms(300), true, Duration::ZERO);
+        let (out, n, released) = heartbeats(lease, ms(2000), |_| Some(lost())).await;
+        assert!(out.as_ref().is_err_and(Error::is_lease_lost), "{out:?}");
+        assert!(n == 1 && !released, "{n} extensions, released: {released}");
+    }
+
+    #[test]
+    fn transaction_aborted_is_25p02_and_not_retried() {
+        let e = Error::TransactionAborted;
+        assert_eq!(e.sqlstate(), Some("25P02"));
+        assert!(!e.is_retryable());
+        assert!(e.to_string().contains("nothing committed"), "{e}");
     }
 }
 

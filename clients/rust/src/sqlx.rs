@@ -33,11 +33,19 @@ const CLAIM_TEXT: &str = "SELECT dedup.try_claim($1::text, $2::text)";
 const CLAIM_BIGINT: &str = "SELECT dedup.try_claim($1::bigint, $2::text)";
 #[cfg(feature = "uuid")]
 const CLAIM_UUID: &str = "SELECT dedup.try_claim($1::text::uuid, $2::text)";
-const LEASE: &str = "SELECT status, lease_id::text, extract(epoch FROM expires_at)::float8, \
-     result::text, extract(epoch FROM claimed_at)::float8 \
-     FROM dedup.lease($1::text, $2::text, make_interval(secs => $3::float8), $4::text)";
-const EXTEND: &str = "SELECT extract(epoch FROM dedup.extend_lease($1::text, $2::text::uuid, \
-     make_interval(secs => $3::float8), $4::text))::float8";
+// The last column of LEASE and EXTEND: the duration the server used, the one passed or its
+// dedup.lease_duration (read after the call, in the FROM clause, has loaded the extension's
+// library, which defines the setting).
+const LEASE: &str = "SELECT l.status, l.lease_id::text, extract(epoch FROM l.expires_at)::float8, \
+     l.result::text, extract(epoch FROM l.claimed_at)::float8, \
+     extract(epoch FROM coalesce(make_interval(secs => $3::float8), \
+                                 current_setting('dedup.lease_duration')::interval))::float8 \
+     FROM dedup.lease($1::text, $2::text, make_interval(secs => $3::float8), $4::text) AS l";
+const EXTEND: &str = "SELECT extract(epoch FROM e.expires_at)::float8, \
+     extract(epoch FROM coalesce(make_interval(secs => $3::float8), \
+                                 current_setting('dedup.lease_duration')::interval))::float8 \
+     FROM dedup.extend_lease($1::text, $2::text::uuid, make_interval(secs => $3::float8), $4::text) \
+     AS e(expires_at)";
 const COMPLETE: &str = "SELECT dedup.complete($1::text, $2::text::uuid, $3::text::jsonb, $4::text)";
 const RELEASE: &str = "SELECT dedup.release_lease($1::text, $2::text::uuid, $3::text)";
 
@@ -97,6 +105,13 @@ async fn claim_checked(
 /// its database writes through `tx` are undone by a retry, so keep other side effects out
 /// (use a lease for those). Its error is returned as is, retried only if
 /// [`Error::is_retryable`]; wrap your own errors with [`Error::effect`].
+///
+/// An effect that returns `Ok` after one of its statements failed (it ignored the error:
+/// `let _ = query.execute(&mut **tx).await`) leaves the transaction aborted, and the server
+/// would answer its COMMIT with a ROLLBACK that [`Transaction::commit`] reports as `Ok`.
+/// `run_once` checks the transaction before committing: if it is aborted it rolls back and
+/// returns [`Error::TransactionAborted`] (not retried), never `Ran`. Return the error
+/// instead, or run a statement that may fail in a savepoint (`tx.begin()`).
 pub async fn run_once<'env, 'j, T, F>(
     pool: &PgPool,
     job_id: impl Into<JobId<'j>>,
@@ -137,7 +152,9 @@ where
             (&mut *tx).execute(level.set_transaction()).await?;
         }
         Ok(if claim_checked(&mut tx, job, scope).await? {
-            Outcome::Ran(effect(&mut tx).await?)
+            let value = effect(&mut tx).await?;
+            check_not_aborted(&mut tx).await?;
+            Outcome::Ran(value)
         } else {
             Outcome::Duplicate
         })
@@ -156,42 +173,70 @@ where
     }
 }
 
+/// [`Error::TransactionAborted`] if a statement of `tx` failed: the transaction is then
+/// aborted, every statement but ROLLBACK fails with `25P02`, and a COMMIT ends in ROLLBACK
+/// (with the command tag `ROLLBACK`, not an error: sqlx's [`Transaction::commit`] returns
+/// `Ok`).
+async fn check_not_aborted(tx: &mut Transaction<'_, Postgres>) -> Result<(), Error> {
+    match (&mut **tx).execute("SELECT 1").await {
+        Ok(_) => Ok(()),
+        Err(e) => match Error::from(e) {
+            e if e.sqlstate() == Some("25P02") => Err(Error::TransactionAborted),
+            e => Err(e),
+        },
+    }
+}
+
 type LeaseRow = (
     String,
     Option<String>,
     Option<f64>,
     Option<String>,
     Option<f64>,
+    f64,
 );
 
-/// `dedup.lease`: takes `job_id` for an external effect, in a statement of its own (pass
-/// the pool or a connection in autocommit: the lease must commit before the effect
-/// starts). [`LeaseStatus::Acquired`] holds the [`Lease`] to pass to [`complete`] after the
-/// effect, or to [`release`] if it failed. A `bigint` or `uuid` job id is leased as its
-/// text, which is the same job as `try_claim`'s.
-pub async fn lease<'c, 'j, E>(
-    db: E,
+/// `dedup.lease`: takes `job_id` for an external effect, in a statement of its own on a
+/// connection of `pool`, in autocommit: the lease commits before the effect starts.
+/// [`LeaseStatus::Acquired`] holds the [`Lease`] to pass to [`complete`] after the effect,
+/// or to [`release`] if it failed. A `bigint` or `uuid` job id is leased as its text, which
+/// is the same job as `try_claim`'s.
+///
+/// It takes the pool, not a [`Transaction`] or a connection (a `&mut PgConnection` may be
+/// one in a transaction: `&mut *tx`): a lease taken in a transaction (in the effect of
+/// [`run_once`], say) would be invisible to other callers until the COMMIT and undone by a
+/// rollback or a retry, whose next attempt would lease and call again. This does not
+/// compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{sqlx::lease, LeaseOptions};
+/// # async fn f(pool: &sqlx::PgPool) -> Result<(), dedup_client::Error> {
+/// let mut tx = pool.begin().await?;
+/// lease(&mut *tx, "job-1", "payments", &LeaseOptions::default()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn lease<'j>(
+    pool: &PgPool,
     job_id: impl Into<JobId<'j>>,
     scope: &str,
     options: &LeaseOptions<'_>,
-) -> Result<LeaseStatus, Error>
-where
-    E: Executor<'c, Database = Postgres>,
-{
+) -> Result<LeaseStatus, Error> {
     let job = job_id.into();
     job.validate()?;
     validate_scope(scope)?;
     options.validate()?;
     let job = job.to_string();
-    let (status, lease_id, expires_at, result, claimed_at): LeaseRow = ::sqlx::query_as(LEASE)
-        .bind(&job)
-        .bind(scope)
-        .bind(options.duration.map(|d| d.as_secs_f64()))
-        .bind(options.fingerprint)
-        .fetch_one(db)
-        .await?;
+    let (status, lease_id, expires_at, result, claimed_at, duration): LeaseRow =
+        ::sqlx::query_as(LEASE)
+            .bind(&job)
+            .bind(scope)
+            .bind(options.duration.map(|d| d.as_secs_f64()))
+            .bind(options.fingerprint)
+            .fetch_one(pool)
+            .await?;
     lease_status(
-        job, scope, &status, lease_id, expires_at, result, claimed_at,
+        job, scope, &status, lease_id, expires_at, result, claimed_at, duration,
     )
 }
 
@@ -199,41 +244,52 @@ where
 /// `dedup.lease_duration`). A heartbeat for an effect that takes longer than leased.
 /// `YD002` ([`Error::is_lease_lost`]): the lease expired and another caller took the job
 /// over.
-pub async fn extend<'c, E>(
-    db: E,
+///
+/// It takes the pool, not a [`Transaction`]: an extension in an open transaction counts
+/// only from its COMMIT, and meanwhile the lease may expire and be taken over. This does
+/// not compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{sqlx::extend, Lease};
+/// # async fn f(pool: &sqlx::PgPool, mut lease: Lease) -> Result<(), dedup_client::Error> {
+/// let mut tx = pool.begin().await?;
+/// extend(&mut *tx, &mut lease, None).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn extend(
+    pool: &PgPool,
     lease: &mut Lease,
     duration: Option<Duration>,
-) -> Result<SystemTime, Error>
-where
-    E: Executor<'c, Database = Postgres>,
-{
+) -> Result<SystemTime, Error> {
     crate::check_duration("duration", duration)?;
-    lease.expires_at = extend_held(db, lease, duration).await?;
-    Ok(lease.expires_at)
+    let (expires_at, duration) = extend_held(pool, lease, duration).await?;
+    lease.expires_at = expires_at;
+    lease.duration = duration;
+    Ok(expires_at)
 }
 
-async fn extend_held<'c, E>(
-    db: E,
+/// The new expiry, and the duration the server extended by.
+async fn extend_held(
+    pool: &PgPool,
     lease: &Lease,
     duration: Option<Duration>,
-) -> Result<SystemTime, Error>
-where
-    E: Executor<'c, Database = Postgres>,
-{
-    let secs: f64 = ::sqlx::query_scalar(EXTEND)
+) -> Result<(SystemTime, Duration), Error> {
+    let (expires_at, duration): (f64, f64) = ::sqlx::query_as(EXTEND)
         .bind(&lease.job_id)
         .bind(&lease.lease_id)
         .bind(duration.map(|d| d.as_secs_f64()))
         .bind(&lease.scope)
-        .fetch_one(db)
+        .fetch_one(pool)
         .await?;
-    Ok(crate::epoch_to_time(secs))
+    Ok((crate::epoch_to_time(expires_at), crate::seconds(duration)?))
 }
 
 /// `dedup.complete`: marks the leased job done with `result` (JSON text, for later copies
 /// and `dedup.claim_result`). Alone (the pool), or in the transaction of a database write
-/// that goes with the effect (`&mut *tx`). Then acknowledge the message. `YD002`
-/// ([`Error::is_lease_lost`]): the lease was taken over; do not acknowledge.
+/// that goes with the effect (`&mut *tx`; the lease is done when it commits). Then
+/// acknowledge the message (after that COMMIT). `YD002` ([`Error::is_lease_lost`]): the
+/// lease was taken over; do not acknowledge.
 pub async fn complete<'c, E>(db: E, lease: Lease, result: Option<&str>) -> Result<(), Error>
 where
     E: Executor<'c, Database = Postgres>,
@@ -250,15 +306,24 @@ where
 
 /// `dedup.release_lease`: gives the job back after a failed effect, so the redelivered copy
 /// can lease it at once. Do not acknowledge the message.
-pub async fn release<'c, E>(db: E, lease: Lease) -> Result<(), Error>
-where
-    E: Executor<'c, Database = Postgres>,
-{
+///
+/// It takes the pool, not a [`Transaction`] (a release rolled back would keep the job until
+/// the lease expires). This does not compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{sqlx::release, Lease};
+/// # async fn f(pool: &sqlx::PgPool, lease: Lease) -> Result<(), dedup_client::Error> {
+/// let mut tx = pool.begin().await?;
+/// release(&mut *tx, lease).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn release(pool: &PgPool, lease: Lease) -> Result<(), Error> {
     ::sqlx::query(RELEASE)
         .bind(&lease.job_id)
         .bind(&lease.lease_id)
         .bind(&lease.scope)
-        .execute(db)
+        .execute(pool)
         .await?;
     Ok(())
 }
@@ -269,8 +334,13 @@ where
 /// killed between the call and `complete` makes the next holder call again.
 ///
 /// [`LeaseOutcome::Ran`] and [`LeaseOutcome::Done`]: acknowledge the message.
-/// [`LeaseOutcome::Busy`] and `Err(_)`: do not. A heartbeat that fails (`YD002`: the lease
-/// expired and another caller took the job over) drops the effect's future.
+/// [`LeaseOutcome::Busy`] and `Err(_)`: do not. The heartbeat's period is a third of the
+/// lease's duration (the one in `options`, or the server's `dedup.lease_duration`), not
+/// derived from the clocks. A heartbeat that fails with `YD002` (the lease expired and
+/// another caller took the job over) drops the effect's future and returns that error. Any
+/// other heartbeat error (a lost connection, a lock timeout) is tried again at the next
+/// tick; if the lease would expire before an extension succeeds, the effect's future is
+/// dropped, the lease released if possible, and the last heartbeat error returned.
 pub async fn run_leased<'j, F, Fut>(
     pool: &PgPool,
     job_id: impl Into<JobId<'j>>,
@@ -282,6 +352,7 @@ where
     F: FnOnce(&Lease) -> Fut,
     Fut: Future<Output = Result<Option<String>, Error>>,
 {
+    let leased_at = tokio::time::Instant::now();
     let lease = match lease(pool, job_id, scope, options).await? {
         LeaseStatus::Acquired(lease) => lease,
         LeaseStatus::Done { result, .. } => return Ok(LeaseOutcome::Done { result }),
@@ -290,6 +361,7 @@ where
     let duration = options.duration;
     drive_lease(
         lease,
+        leased_at,
         effect,
         |l| {
             let held = l.duplicate();

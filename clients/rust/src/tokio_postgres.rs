@@ -19,6 +19,7 @@ use crate::{
     drive_lease, lease_status, validate_scope, BoxFuture, Error, JobId, Lease, LeaseOptions,
     LeaseOutcome, LeaseStatus, Outcome, RunOptions,
 };
+use ::tokio_postgres::error::SqlState;
 use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, GenericClient, Transaction};
 use std::future::Future;
@@ -31,11 +32,19 @@ const CLAIM_TEXT: &str = "SELECT dedup.try_claim($1::text, $2::text)";
 const CLAIM_BIGINT: &str = "SELECT dedup.try_claim($1::bigint, $2::text)";
 #[cfg(feature = "uuid")]
 const CLAIM_UUID: &str = "SELECT dedup.try_claim($1::text::uuid, $2::text)";
-const LEASE: &str = "SELECT status, lease_id::text, extract(epoch FROM expires_at)::float8, \
-     result::text, extract(epoch FROM claimed_at)::float8 \
-     FROM dedup.lease($1::text, $2::text, make_interval(secs => $3::float8), $4::text)";
-const EXTEND: &str = "SELECT extract(epoch FROM dedup.extend_lease($1::text, $2::text::uuid, \
-     make_interval(secs => $3::float8), $4::text))::float8";
+// The last column of LEASE and EXTEND: the duration the server used, the one passed or its
+// dedup.lease_duration (read after the call, in the FROM clause, has loaded the extension's
+// library, which defines the setting).
+const LEASE: &str = "SELECT l.status, l.lease_id::text, extract(epoch FROM l.expires_at)::float8, \
+     l.result::text, extract(epoch FROM l.claimed_at)::float8, \
+     extract(epoch FROM coalesce(make_interval(secs => $3::float8), \
+                                 current_setting('dedup.lease_duration')::interval))::float8 \
+     FROM dedup.lease($1::text, $2::text, make_interval(secs => $3::float8), $4::text) AS l";
+const EXTEND: &str = "SELECT extract(epoch FROM e.expires_at)::float8, \
+     extract(epoch FROM coalesce(make_interval(secs => $3::float8), \
+                                 current_setting('dedup.lease_duration')::interval))::float8 \
+     FROM dedup.extend_lease($1::text, $2::text::uuid, make_interval(secs => $3::float8), $4::text) \
+     AS e(expires_at)";
 const COMPLETE: &str = "SELECT dedup.complete($1::text, $2::text::uuid, $3::text::jsonb, $4::text)";
 const RELEASE: &str = "SELECT dedup.release_lease($1::text, $2::text::uuid, $3::text)";
 
@@ -101,6 +110,13 @@ async fn claim_checked(tx: &Transaction<'_>, job: JobId<'_>, scope: &str) -> Res
 /// only its database writes through `tx` are undone by a retry, so keep other side effects
 /// out (use a lease for those). Its error is returned as is, retried only if
 /// [`Error::is_retryable`]; wrap your own errors with [`Error::effect`].
+///
+/// An effect that returns `Ok` after one of its statements failed (it ignored the error:
+/// `let _ = tx.execute(..)`) leaves the transaction aborted, and the server would answer
+/// its COMMIT with a ROLLBACK that [`Transaction::commit`] reports as `Ok`. `run_once`
+/// checks the transaction before committing: if it is aborted it rolls back and returns
+/// [`Error::TransactionAborted`] (not retried), never `Ran`. Return the error instead, or
+/// run a statement that may fail in a savepoint ([`Transaction::transaction`]).
 pub async fn run_once<'env, 'j, T, F>(
     client: &mut Client,
     job_id: impl Into<JobId<'j>>,
@@ -139,7 +155,12 @@ where
         tx.batch_execute(level.set_transaction()).await?;
     }
     let outcome = if claim_checked(&tx, job, scope).await? {
-        Outcome::Ran(effect(&tx).await?)
+        let value = effect(&tx).await?;
+        if let Err(e) = check_not_aborted(&tx).await {
+            let _ = tx.rollback().await;
+            return Err(e);
+        }
+        Outcome::Ran(value)
     } else {
         Outcome::Duplicate
     };
@@ -147,11 +168,41 @@ where
     Ok(outcome)
 }
 
+/// [`Error::TransactionAborted`] if a statement of `tx` failed: the transaction is then
+/// aborted, every statement but ROLLBACK fails with `25P02`, and a COMMIT ends in ROLLBACK
+/// (with the command tag `ROLLBACK`, not an error: tokio-postgres'
+/// [`Transaction::commit`] returns `Ok`).
+async fn check_not_aborted(tx: &Transaction<'_>) -> Result<(), Error> {
+    match tx.batch_execute("SELECT 1").await {
+        Ok(()) => Ok(()),
+        Err(e) if e.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => {
+            Err(Error::TransactionAborted)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// `dedup.lease`: takes `job_id` for an external effect, in a statement of its own (call it
 /// on a [`Client`], in autocommit: the lease must commit before the effect starts).
 /// [`LeaseStatus::Acquired`] holds the [`Lease`] to pass to [`complete`] after the effect,
 /// or to [`release`] if it failed. A `bigint` or `uuid` job id is leased as its text, which
 /// is the same job as `try_claim`'s.
+///
+/// It takes a `&Client`, not a [`Transaction`]: a lease taken in a transaction (in the
+/// effect of [`run_once`], say) would be invisible to other callers until the COMMIT and
+/// undone by a rollback or a retry, whose next attempt would lease and call again. This
+/// does not compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{tokio_postgres::lease, LeaseOptions};
+/// # async fn f(client: &mut tokio_postgres::Client) -> Result<(), dedup_client::Error> {
+/// let tx = client.transaction().await?;
+/// lease(&tx, "job-1", "payments", &LeaseOptions::default()).await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// (Nor pass `tx.client()`, the client under an open transaction.)
 pub async fn lease<'j>(
     client: &Client,
     job_id: impl Into<JobId<'j>>,
@@ -183,6 +234,7 @@ pub async fn lease<'j>(
         row.try_get(2)?,
         row.try_get(3)?,
         row.try_get(4)?,
+        row.try_get(5)?,
     )
 }
 
@@ -190,21 +242,37 @@ pub async fn lease<'j>(
 /// `dedup.lease_duration`). A heartbeat for an effect that takes longer than leased.
 /// `YD002` ([`Error::is_lease_lost`]): the lease expired and another caller took the job
 /// over.
+///
+/// It takes a `&Client` in autocommit, not a [`Transaction`]: an extension in an open
+/// transaction counts only from its COMMIT, and meanwhile the lease may expire and be taken
+/// over. This does not compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{tokio_postgres::extend, Lease};
+/// # async fn f(client: &mut tokio_postgres::Client, mut lease: Lease) -> Result<(), dedup_client::Error> {
+/// let tx = client.transaction().await?;
+/// extend(&tx, &mut lease, None).await?;
+/// # Ok(())
+/// # }
+/// ```
 pub async fn extend(
-    client: &impl GenericClient,
+    client: &Client,
     lease: &mut Lease,
     duration: Option<Duration>,
 ) -> Result<SystemTime, Error> {
     crate::check_duration("duration", duration)?;
-    lease.expires_at = extend_held(client, lease, duration).await?;
-    Ok(lease.expires_at)
+    let (expires_at, duration) = extend_held(client, lease, duration).await?;
+    lease.expires_at = expires_at;
+    lease.duration = duration;
+    Ok(expires_at)
 }
 
+/// The new expiry, and the duration the server extended by.
 async fn extend_held(
-    client: &impl GenericClient,
+    client: &Client,
     lease: &Lease,
     duration: Option<Duration>,
-) -> Result<SystemTime, Error> {
+) -> Result<(SystemTime, Duration), Error> {
     let secs = duration.map(|d| d.as_secs_f64());
     let row = client
         .query_typed_one(
@@ -217,12 +285,16 @@ async fn extend_held(
             ],
         )
         .await?;
-    Ok(crate::epoch_to_time(row.try_get(0)?))
+    Ok((
+        crate::epoch_to_time(row.try_get(0)?),
+        crate::seconds(row.try_get(1)?)?,
+    ))
 }
 
 /// `dedup.complete`: marks the leased job done with `result` (JSON text, for later copies
-/// and `dedup.claim_result`). Alone, or in the transaction of a database write that goes
-/// with the effect (pass that [`Transaction`]). Then acknowledge the message. `YD002`
+/// and `dedup.claim_result`). Alone (a [`Client`]), or in the transaction of a database
+/// write that goes with the effect (pass that [`Transaction`]; the lease is done when it
+/// commits). Then acknowledge the message (after that COMMIT). `YD002`
 /// ([`Error::is_lease_lost`]): the lease was taken over; do not acknowledge.
 pub async fn complete(
     client: &impl GenericClient,
@@ -245,7 +317,19 @@ pub async fn complete(
 
 /// `dedup.release_lease`: gives the job back after a failed effect, so the redelivered copy
 /// can lease it at once. Do not acknowledge the message.
-pub async fn release(client: &impl GenericClient, lease: Lease) -> Result<(), Error> {
+///
+/// It takes a `&Client` in autocommit, not a [`Transaction`] (a release rolled back would
+/// keep the job until the lease expires). This does not compile:
+///
+/// ```compile_fail
+/// # use dedup_client::{tokio_postgres::release, Lease};
+/// # async fn f(client: &mut tokio_postgres::Client, lease: Lease) -> Result<(), dedup_client::Error> {
+/// let tx = client.transaction().await?;
+/// release(&tx, lease).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn release(client: &Client, lease: Lease) -> Result<(), Error> {
     let params: [(&(dyn ToSql + Sync), Type); 3] = [
         (&lease.job_id, Type::TEXT),
         (&lease.lease_id, Type::TEXT),
@@ -261,8 +345,13 @@ pub async fn release(client: &impl GenericClient, lease: Lease) -> Result<(), Er
 /// killed between the call and `complete` makes the next holder call again.
 ///
 /// [`LeaseOutcome::Ran`] and [`LeaseOutcome::Done`]: acknowledge the message.
-/// [`LeaseOutcome::Busy`] and `Err(_)`: do not. A heartbeat that fails (`YD002`: the lease
-/// expired and another caller took the job over) drops the effect's future.
+/// [`LeaseOutcome::Busy`] and `Err(_)`: do not. The heartbeat's period is a third of the
+/// lease's duration (the one in `options`, or the server's `dedup.lease_duration`), not
+/// derived from the clocks. A heartbeat that fails with `YD002` (the lease expired and
+/// another caller took the job over) drops the effect's future and returns that error. Any
+/// other heartbeat error (a lost connection, a lock timeout) is tried again at the next
+/// tick; if the lease would expire before an extension succeeds, the effect's future is
+/// dropped, the lease released if possible, and the last heartbeat error returned.
 pub async fn run_leased<'j, F, Fut>(
     client: &Client,
     job_id: impl Into<JobId<'j>>,
@@ -274,6 +363,7 @@ where
     F: FnOnce(&Lease) -> Fut,
     Fut: Future<Output = Result<Option<String>, Error>>,
 {
+    let leased_at = tokio::time::Instant::now();
     let lease = match lease(client, job_id, scope, options).await? {
         LeaseStatus::Acquired(lease) => lease,
         LeaseStatus::Done { result, .. } => return Ok(LeaseOutcome::Done { result }),
@@ -282,6 +372,7 @@ where
     let duration = options.duration;
     drive_lease(
         lease,
+        leased_at,
         effect,
         |l| {
             let held = l.duplicate();
