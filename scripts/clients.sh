@@ -22,7 +22,9 @@ step "Node.js: the npm tarball of clients/node"
 (cd clients/node && npm pack --silent --pack-destination "$out" >/dev/null)
 
 step "Rust: the crate of clients/rust"
-(cd clients/rust && CARGO_TARGET_DIR="$ROOT/target/clients-rust" cargo package --quiet --allow-dirty)
-cp "$ROOT/target/clients-rust/package/"dedup-client-*.crate "$out/"
+# A target folder of its own: cargo package builds the packed copy under the same
+# fingerprints as the crate itself, which a later build there could take for its own.
+(cd clients/rust && CARGO_TARGET_DIR="$ROOT/target/clients-package" cargo package --quiet --allow-dirty)
+cp "$ROOT/target/clients-package/package/"dedup-client-*.crate "$out/"
 
 ls -l "$out" >&2
