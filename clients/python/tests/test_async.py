@@ -125,3 +125,56 @@ def test_sync_and_async_forms_refuse_each_other(dbname, job, conn):
             await dedup.claim_async(conn, job)
 
     run(main())
+
+
+def test_run_once_async_refuses_to_commit_an_aborted_transaction(dbname, job, conn):
+    """asyncpg's and psycopg's COMMIT of an aborted transaction end in ROLLBACK without
+    raising: run_once_async must raise, commit nothing, and a later call do the job."""
+
+    async def main():
+        pool = await asyncpg.create_pool(host=PGHOST, port=PGPORT, user="postgres", database=dbname, min_size=1, max_size=1)
+        try:
+            for target in ("pool", "connection"):
+                j = f"{job}-{target}"
+
+                async def swallowing(c, j=j):
+                    await c.execute("INSERT INTO receipts (job_id) VALUES ($1)", j)
+                    try:
+                        await c.execute("SELECT 1/0")
+                    except asyncpg.DivisionByZeroError:
+                        pass
+
+                async def effect(c, j=j):
+                    await c.execute("INSERT INTO receipts (job_id) VALUES ($1)", j)
+
+                if target == "pool":
+                    with pytest.raises(dedup.TransactionAborted):
+                        await dedup.run_once_async(pool, j, swallowing)
+                    assert await dedup.run_once_async(pool, j, effect) is True
+                else:
+                    async with pool.acquire() as c:
+                        with pytest.raises(dedup.TransactionAborted):
+                            await dedup.run_once_async(c, j, swallowing)
+                        assert not c.is_in_transaction()
+                        assert await dedup.run_once_async(c, j, effect) is True
+        finally:
+            await pool.close()
+        async with await psycopg.AsyncConnection.connect(dsn(dbname), autocommit=True) as c:
+            j = job + "-psycopg"
+
+            async def swallowing(c):
+                await c.execute("INSERT INTO receipts (job_id) VALUES (%s)", (j,))
+                try:
+                    await c.execute("SELECT 1/0")
+                except psycopg.errors.DivisionByZero:
+                    pass
+
+            with pytest.raises(dedup.TransactionAborted):
+                await dedup.run_once_async(c, j, swallowing)
+            assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert receipts(conn, j) == 0 and not claimed(conn, j)
+            assert await dedup.run_once_async(c, j, lambda c: c.execute("INSERT INTO receipts (job_id) VALUES (%s)", (j,))) is True
+
+    run(main())
+    for suffix in ("-pool", "-connection", "-psycopg"):
+        assert claimed(conn, job + suffix) and receipts(conn, job + suffix) == 1

@@ -131,3 +131,48 @@ def test_run_once(django_setup, job):
     with transaction.atomic():
         with pytest.raises(dedup.InTransaction):
             dedup.django.run_once(job + "-n", effect)
+
+
+def test_run_once_refuses_to_commit_an_aborted_transaction(django_setup, job):
+    """An effect that catches a database error and carries on: on a raw cursor the server's
+    transaction is aborted (COMMIT ends in ROLLBACK without raising); through the ORM
+    (mark_for_rollback_on_error, as Model.save does) Django marks the atomic block for
+    rollback and rolls it back at its end without raising. Either way run_once must raise,
+    not return True."""
+    from django.db import DatabaseError, connection, transaction
+
+    import dedup.django
+
+    def count(j):
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT (SELECT count(*) FROM receipts WHERE job_id = %s),"
+                " (SELECT count(*) FROM dedup.processed WHERE job_id = %s)", [j, j]
+            )
+            return cur.fetchone()
+
+    for how in ("cursor", "orm"):
+        j = f"{job}-{how}"
+
+        def swallowing(j=j, how=how):
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO receipts (job_id) VALUES (%s)", [j])
+                try:
+                    if how == "orm":
+                        with transaction.mark_for_rollback_on_error():
+                            cur.execute("SELECT 1/0")
+                    else:
+                        cur.execute("SELECT 1/0")
+                except DatabaseError:
+                    pass
+
+        def effect(j=j):
+            with connection.cursor() as cur:
+                cur.execute("INSERT INTO receipts (job_id) VALUES (%s)", [j])
+
+        with pytest.raises(dedup.TransactionAborted):
+            dedup.django.run_once(j, swallowing)
+        assert not connection.in_atomic_block
+        assert count(j) == (0, 0)
+        assert dedup.django.run_once(j, effect) is True
+        assert count(j) == (1, 1)

@@ -232,3 +232,33 @@ def test_wrong_objects(conn, job):
     with pytest.raises(TypeError, match="retries must be int"):
         dedup.run_once(conn, job, insert(job), retries="3")
 
+
+
+def test_run_once_refuses_to_commit_an_aborted_transaction(conn, job):
+    """An effect that catches a database error and carries on leaves the transaction
+    aborted: psycopg's COMMIT then ends in ROLLBACK without raising. run_once must raise
+    (the message must not be acknowledged), and a later delivery do the job."""
+
+    def swallowing(c):
+        insert(job)(c)
+        try:
+            c.execute("SELECT 1/0")
+        except errors.DivisionByZero:
+            pass  # the mistake: the transaction is aborted, and the effect goes on
+
+    with pytest.raises(dedup.TransactionAborted, match="aborted"):
+        dedup.run_once(conn, job, swallowing)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert not claimed(conn, job) and receipts(conn, job) == 0
+    assert dedup.run_once(conn, job, insert(job)) is True
+    assert receipts(conn, job) == 1
+    # An effect that recovers with a savepoint (a nested conn.transaction()) is fine.
+
+    def recovering(c):
+        insert(job + "-sp")(c)
+        with pytest.raises(errors.DivisionByZero):
+            with c.transaction():
+                c.execute("SELECT 1/0")
+
+    assert dedup.run_once(conn, job + "-sp", recovering) is True
+    assert claimed(conn, job + "-sp") and receipts(conn, job + "-sp") == 1

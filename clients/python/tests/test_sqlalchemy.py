@@ -122,3 +122,36 @@ def test_run_once_other_errors_and_misuse(engine, job, conn):
         dedup.run_once(auto, job, failing)
     auto.dispose()
     assert not claimed(conn, job)
+
+
+@pytest.mark.parametrize("kind", ["sessionmaker", "engine", "session", "connection"])
+def test_run_once_refuses_to_commit_an_aborted_transaction(engine, job, conn, kind):
+    """An effect that swallows a database error leaves the transaction aborted; the
+    driver's COMMIT then ends in ROLLBACK without raising. run_once must raise instead of
+    returning True, and a later call do the job."""
+
+    def swallowing(handle):
+        handle.execute(text("INSERT INTO receipts (job_id) VALUES (:j)"), {"j": job})
+        try:
+            handle.execute(text("SELECT 1/0"))
+        except DBAPIError:
+            pass
+
+    def effect(handle):
+        handle.execute(text("INSERT INTO receipts (job_id) VALUES (:j)"), {"j": job})
+
+    t = {
+        "sessionmaker": lambda: sessionmaker(engine),
+        "engine": lambda: engine,
+        "session": lambda: Session(engine),
+        "connection": lambda: engine.connect(),
+    }[kind]()
+    try:
+        with pytest.raises(dedup.TransactionAborted):
+            dedup.run_once(t, job, swallowing)
+        assert not claimed(conn, job) and receipts(conn, job) == 0
+        assert dedup.run_once(t, job, effect) is True
+    finally:
+        if kind in ("session", "connection"):
+            t.close()
+    assert claimed(conn, job) and receipts(conn, job) == 1

@@ -35,6 +35,7 @@ from ._core import (
     Lease,
     LeaseNotHeld,
     NotInTransaction,
+    TransactionAborted,
     backoff,
     is_retryable,
     sqlstate,
@@ -53,6 +54,7 @@ __all__ = [
     "Lease",
     "LeaseNotHeld",
     "NotInTransaction",
+    "TransactionAborted",
     "backoff",
     "claim",
     "claim_async",
@@ -155,7 +157,9 @@ def run_once(
 
     Returns True when it ran the effect and committed, False for a duplicate (committed,
     nothing done). Either way the message can be acknowledged; after an exception it must
-    not be. ``handle`` is the psycopg connection, or the SQLAlchemy Session (from a Session
+    not be. An effect that catches a database error and goes on leaves the transaction
+    aborted, which would "commit" as a ROLLBACK without an error: run_once raises
+    :class:`TransactionAborted` (rolled back, not retried) instead. ``handle`` is the psycopg connection, or the SQLAlchemy Session (from a Session
     or sessionmaker) or Connection (from a Connection or Engine) of the transaction; do the
     effect's writes through it. The connection must not be in a transaction already
     (:class:`InTransaction`).

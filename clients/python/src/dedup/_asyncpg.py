@@ -42,6 +42,20 @@ async def _execute_claim(conn: Any, job_id: JobId, scope: str, fingerprint: Opti
         raise
 
 
+async def _check_not_aborted(conn: Any) -> None:
+    """After a fresh effect, before COMMIT: asyncpg commits an aborted transaction (the
+    server answers ROLLBACK) without raising, and keeps no public transaction status. A
+    statement fails with 25P02 in an aborted transaction."""
+    try:
+        await conn.execute("SELECT 1")
+    except Exception as e:
+        if _core.sqlstate(e) == _core.IN_FAILED_SQL_TRANSACTION:
+            raise _core.aborted(
+                "dedup.run_once_async", "a nested async with conn.transaction(): block", " (SELECT 1 fails with 25P02)"
+            ) from e
+        raise
+
+
 async def claim(conn: Any, job_id: JobId, scope: str = "default", fingerprint: Optional[str] = None) -> bool:
     job_id = _core.check_job_id(job_id)
     scope = _core.check_scope(scope)
@@ -81,6 +95,7 @@ async def run_once(
                 result = effect(conn)
                 if inspect.isawaitable(result):
                     await result
+                await _check_not_aborted(conn)
         return fresh
 
     attempt = 0

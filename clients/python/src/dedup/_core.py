@@ -50,6 +50,16 @@ class InTransaction(DedupError):
     """
 
 
+class TransactionAborted(DedupError):
+    """``run_once``: the effect's transaction was aborted by an error that the effect caught
+    and did not re-raise (SQLSTATE ``25P02`` from then on; for Django, an atomic block
+    marked for rollback). Its COMMIT would end in ROLLBACK without an error, and the claim
+    and the effect would be lost while ``run_once`` reported success. Raised inside the
+    transaction, so it rolls back; not retried: do not acknowledge the message. Let the
+    effect's errors propagate, or recover from an expected one with a savepoint (a nested
+    ``conn.transaction()`` / ``atomic()`` / ``begin_nested()``)."""
+
+
 class InvalidArgument(DedupError, ValueError):
     """A job id, scope, fingerprint or duration the server would refuse (or misread).
 
@@ -253,6 +263,22 @@ def backoff(attempt: int) -> float:
     """Seconds to wait before retry number ``attempt`` (1, 2, ...): 20 ms doubling, at
     most 1 s, jittered to 50 to 150 % so that colliding transactions spread out."""
     return min(1.0, 0.01 * 2.0**attempt) * random.uniform(0.5, 1.5)
+
+
+IN_FAILED_SQL_TRANSACTION = "25P02"
+
+TRANSACTION_ABORTED = (
+    "{func}: the effect's transaction is aborted: an error inside it was caught and not "
+    "re-raised{how}. Its COMMIT would have ended in ROLLBACK, losing the claim and the effect "
+    "while {func} reported success; it was rolled back instead. Do not acknowledge the "
+    "message. Let the effect's errors propagate, or recover from an expected one inside a "
+    "savepoint ({savepoint})."
+)
+
+
+def aborted(func: str, savepoint: str, how: str) -> TransactionAborted:
+    """The :class:`TransactionAborted` that ``func`` raises; ``how`` says how it was seen."""
+    return TransactionAborted(TRANSACTION_ABORTED.format(func=func, how=how, savepoint=savepoint))
 
 
 def translate(exc: BaseException) -> Optional[DedupError]:

@@ -37,6 +37,14 @@ def _check_idle(conn: Any, message: str) -> None:
         raise _core.InTransaction(message)
 
 
+def _check_not_aborted(conn: Any, func: str) -> None:
+    """After a fresh effect, before COMMIT: psycopg commits an aborted transaction (the
+    server answers ROLLBACK) without raising."""
+    status, TS = _status(conn)
+    if status == TS.INERROR:
+        raise _core.aborted(func, "a nested with conn.transaction(): block", " (the connection is INERROR)")
+
+
 def _claim_sql(job_id: JobId, fingerprint: Optional[str]) -> tuple[str, tuple[Any, ...]]:
     cast = _core.job_cast(job_id)
     if fingerprint is None:
@@ -84,6 +92,7 @@ def run_once(
                 fresh = _execute_claim(conn, job_id, scope, fingerprint)
                 if fresh:
                     effect(conn)
+                    _check_not_aborted(conn, "dedup.run_once")
             return fresh
         except Exception as e:
             if attempt >= retries or conn.closed or not _core.is_retryable(e):
@@ -137,6 +146,7 @@ async def run_once_async(
                     result = effect(conn)
                     if inspect.isawaitable(result):
                         await result
+                    _check_not_aborted(conn, "dedup.run_once_async")
             return fresh
         except Exception as e:
             if attempt >= retries or conn.closed or not _core.is_retryable(e):

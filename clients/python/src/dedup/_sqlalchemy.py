@@ -119,12 +119,32 @@ def run_once(
                 fresh = _execute_claim(handle, job_id, scope, fingerprint)
                 if fresh:
                     effect(handle)
+                    _check_not_aborted(handle, kind)
             return fresh
         except Exception as e:
             if attempt >= retries or not _core.is_retryable(e):
                 raise
         attempt += 1
         time.sleep(_core.backoff(attempt))
+
+
+def _check_not_aborted(handle: Any, kind: str) -> None:
+    """After a fresh effect, before COMMIT: the driver commits an aborted transaction (the
+    server answers ROLLBACK) without raising. A statement fails with 25P02 in an aborted
+    transaction; a Session whose flush failed refuses with PendingRollbackError."""
+    from sqlalchemy.exc import PendingRollbackError
+
+    try:
+        conn = handle.connection() if kind in ("session", "sessionmaker") else handle
+        conn.exec_driver_sql("SELECT 1")
+    except Exception as e:
+        if isinstance(e, PendingRollbackError) or _core.sqlstate(e) == _core.IN_FAILED_SQL_TRANSACTION:
+            raise _core.aborted(
+                "dedup.run_once",
+                "session.begin_nested() or connection.begin_nested()",
+                " (SELECT 1 fails with 25P02)" if _core.sqlstate(e) else " (the Session needs a rollback)",
+            ) from e
+        raise
 
 
 class _Begun:

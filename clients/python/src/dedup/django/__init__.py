@@ -75,6 +75,28 @@ def claim(
         raise
 
 
+def _check_not_aborted(connection: Any) -> None:
+    """After a fresh effect, before the atomic block ends. Django rolls back, without
+    raising, a block that an error caught inside it (in the ORM: mark_for_rollback_on_error)
+    marked for rollback; and the driver commits a transaction the server aborted (an error
+    caught on a raw cursor) without raising either: the server answers ROLLBACK."""
+    if connection.needs_rollback:
+        raise _core.aborted(
+            "dedup.django.run_once",
+            "a nested transaction.atomic() block",
+            " (the atomic block is marked for rollback, as the ORM does on a database error)",
+        )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as e:
+        if _core.sqlstate(e) == _core.IN_FAILED_SQL_TRANSACTION:
+            raise _core.aborted(
+                "dedup.django.run_once", "a nested transaction.atomic() block", " (SELECT 1 fails with 25P02)"
+            ) from e
+        raise
+
+
 def run_once(
     job_id: JobId,
     effect: Callable[[], Any],
@@ -87,7 +109,9 @@ def run_once(
     claim is fresh, commit; retry the whole block on 40001/40P01. Returns whether the effect
     ran. It must own the transaction: inside an atomic block it raises
     :class:`dedup.InTransaction` (a nested block is only a savepoint, and a serialization
-    failure dooms the outer transaction)."""
+    failure dooms the outer transaction). An effect that catches a database error and goes on
+    (the server's transaction aborted, or the block marked for rollback) makes it raise
+    :class:`dedup.TransactionAborted` after the rollback, not return True."""
     from django.db import transaction
 
     job_id = _core.check_job_id(job_id)
@@ -104,6 +128,7 @@ def run_once(
                 fresh = claim(job_id, scope, using, fingerprint)
                 if fresh:
                     effect()
+                    _check_not_aborted(connection)
             return fresh
         except Exception as e:
             if attempt >= retries or not _core.is_retryable(e):
