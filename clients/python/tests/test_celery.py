@@ -233,3 +233,14 @@ def test_end_to_end(app_module, e2e_db):
     # delivery), within the 1 s sweep: not after kombu's default 100 s sweep.
     assert returned_after and 3.5 < returned_after[0] < 12
     assert r.llen("dedup_e2e") == 0 and r.hlen("unacked") == 0
+
+
+def test_coroutine_functions_are_refused_at_registration():
+    from celery import Celery
+
+    app = Celery("coro", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    with pytest.raises(TypeError, match="async def"):
+
+        @dedup.celery.exactly_once(app, dsn="x")
+        async def effect(conn):
+            pass

@@ -176,3 +176,18 @@ def test_run_once_refuses_to_commit_an_aborted_transaction(django_setup, job):
         assert count(j) == (0, 0)
         assert dedup.django.run_once(j, effect) is True
         assert count(j) == (1, 1)
+
+
+def test_run_once_refuses_a_coroutine_effect(django_setup, job):
+    from django.db import connection
+
+    import dedup.django
+
+    async def effect():
+        pass
+
+    with pytest.raises(TypeError, match="coroutine"):
+        dedup.django.run_once(job, effect)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM dedup.processed WHERE job_id = %s", [job])
+        assert cur.fetchone()[0] == 0

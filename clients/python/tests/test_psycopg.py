@@ -262,3 +262,21 @@ def test_run_once_refuses_to_commit_an_aborted_transaction(conn, job):
 
     assert dedup.run_once(conn, job + "-sp", recovering) is True
     assert claimed(conn, job + "-sp") and receipts(conn, job + "-sp") == 1
+
+
+def test_run_once_refuses_a_coroutine_effect(conn, job):
+    """A sync run_once never awaits what an async def effect returns: the claim would
+    commit without the effect. It raises TypeError inside the transaction instead."""
+    import gc
+    import warnings
+
+    async def effect(c):
+        insert(job)(c)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match="run_once_async"):
+            dedup.run_once(conn, job, effect)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]  # closed, not leaked
+    assert not claimed(conn, job) and receipts(conn, job) == 0

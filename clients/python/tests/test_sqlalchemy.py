@@ -155,3 +155,12 @@ def test_run_once_refuses_to_commit_an_aborted_transaction(engine, job, conn, ki
         if kind in ("session", "connection"):
             t.close()
     assert claimed(conn, job) and receipts(conn, job) == 1
+
+
+def test_run_once_refuses_a_coroutine_effect(engine, job, conn):
+    async def effect(session):
+        session.add(Receipt(job_id=job))
+
+    with pytest.raises(TypeError, match="coroutine"):
+        dedup.run_once(sessionmaker(engine), job, effect)
+    assert not claimed(conn, job) and receipts(conn, job) == 0

@@ -6,6 +6,7 @@ imports its driver when first called.
 
 from __future__ import annotations
 
+import inspect
 import random
 import uuid
 from dataclasses import dataclass
@@ -279,6 +280,25 @@ TRANSACTION_ABORTED = (
 def aborted(func: str, savepoint: str, how: str) -> TransactionAborted:
     """The :class:`TransactionAborted` that ``func`` raises; ``how`` says how it was seen."""
     return TransactionAborted(TRANSACTION_ABORTED.format(func=func, how=how, savepoint=savepoint))
+
+
+def call_sync_effect(func: str, effect: Any, *args: Any) -> Any:
+    """Call the effect of a sync ``run_once``. One that returns an awaitable (an ``async
+    def`` function) did nothing yet, and nothing here could await it: the claim would commit
+    without the effect. Close the coroutine (no "never awaited" warning) and raise
+    ``TypeError`` inside the transaction, so that it rolls back."""
+    result = effect(*args)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()
+        raise TypeError(
+            f"{func}: the effect returned {type(result).__name__} (a coroutine: an async def "
+            "function?), which a sync run_once cannot await: the claim would commit without "
+            "the effect. Pass a plain function, or use await dedup.run_once_async(...) with an "
+            "async connection."
+        )
+    return result
 
 
 def translate(exc: BaseException) -> Optional[DedupError]:

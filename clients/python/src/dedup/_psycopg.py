@@ -91,7 +91,7 @@ def run_once(
             with conn.transaction():  # BEGIN ... COMMIT, or ROLLBACK on an exception
                 fresh = _execute_claim(conn, job_id, scope, fingerprint)
                 if fresh:
-                    effect(conn)
+                    _core.call_sync_effect("dedup.run_once", effect, conn)
                     _check_not_aborted(conn, "dedup.run_once")
             return fresh
         except Exception as e:

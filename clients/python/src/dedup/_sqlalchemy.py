@@ -118,7 +118,7 @@ def run_once(
                     )
                 fresh = _execute_claim(handle, job_id, scope, fingerprint)
                 if fresh:
-                    effect(handle)
+                    _core.call_sync_effect("dedup.run_once", effect, handle)
                     _check_not_aborted(handle, kind)
             return fresh
         except Exception as e:

@@ -40,6 +40,7 @@ function of the task's arguments).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import random
@@ -184,7 +185,8 @@ def exactly_once(
     failed task. Other keyword arguments go to ``app.task`` (``name``, ``queue``, ...);
     ``acks_late`` and ``reject_on_worker_lost`` cannot be turned off.
 
-    The task returns True when it ran the effect, False for a duplicate.
+    The task returns True when it ran the effect, False for a duplicate. ``fn`` must be a
+    plain function (an ``async def`` one is refused here: nothing would await it).
     """
     if (dsn is None) == (connect is None):
         raise TypeError("dedup.celery.exactly_once: pass either dsn= or connect=")
@@ -203,6 +205,13 @@ def exactly_once(
 
     def decorate(fn: Callable[..., Any]) -> Any:
         from celery.exceptions import Reject
+
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"dedup.celery.exactly_once: {getattr(fn, '__qualname__', fn)!r} is an async def "
+                "function: the task would get a coroutine it cannot await, and the claim would "
+                "commit without the effect. Decorate a plain function."
+            )
 
         def task(self: Any, *args: Any, **kwargs: Any) -> bool:
             jid = job_id(*args, **kwargs) if job_id is not None else self.request.id

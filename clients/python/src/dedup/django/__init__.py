@@ -127,7 +127,7 @@ def run_once(
             with transaction.atomic(using=using):
                 fresh = claim(job_id, scope, using, fingerprint)
                 if fresh:
-                    effect()
+                    _core.call_sync_effect("dedup.django.run_once", effect)
                     _check_not_aborted(connection)
             return fresh
         except Exception as e:
