@@ -123,3 +123,38 @@ def test_lease_on_a_connection_without_autocommit(dbname, job):
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with psycopg.connect(dsn(dbname), autocommit=True) as other:
         assert dedup.lease(other, job).done
+
+
+def test_asyncpg_leases_with_a_json_codec(dbname, job):
+    """A connection whose jsonb codec encodes and decodes JSON itself (a common asyncpg
+    setting): the result must be stored once-encoded and read back once-decoded."""
+    import json
+
+    import psycopg
+
+    from conftest import dsn
+
+    async def main():
+        c = await asyncpg.connect(host=PGHOST, port=PGPORT, user="postgres", database=dbname)
+        try:
+            await c.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+            results = {"-obj": {"ok": [1, 2]}, "-str": "ch_1", "-num": "42"}
+            for suffix, result in results.items():
+                lease = await dedup.lease_async(c, job + suffix)
+                assert lease.acquired
+                await dedup.complete_async(c, job + suffix, lease.lease_id, result)
+                done = await dedup.lease_async(c, job + suffix)
+                assert done.done and done.result == result
+            # A result stored by another client (psycopg, below) is decoded once too.
+            return results, (await dedup.lease_async(c, job + "-by-psycopg")).result
+        finally:
+            await c.close()
+
+    with psycopg.connect(dsn(dbname), autocommit=True) as other:
+        lease = dedup.lease(other, job + "-by-psycopg")
+        dedup.complete(other, job + "-by-psycopg", lease.lease_id, "ch_2")
+    results, by_psycopg = asyncio.run(main())
+    assert by_psycopg == "ch_2"
+    with psycopg.connect(dsn(dbname), autocommit=True) as other:  # stored as JSON once
+        for suffix, result in results.items():
+            assert dedup.lease(other, job + suffix).result == result

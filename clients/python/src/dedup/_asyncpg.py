@@ -141,10 +141,12 @@ async def lease(
     scope = _core.check_scope(scope)
     duration = _core.check_duration(duration)
     fingerprint = _core.check_fingerprint(fingerprint)
+    # result as text, decoded here: a jsonb codec of the caller's (set_type_codec, a common
+    # asyncpg setting) would decode it before us, and a JSON string result twice.
     row = await _own_statement(
         conn_or_pool,
         "lease",
-        "SELECT status, lease_id, expires_at, result, claimed_at"
+        "SELECT status, lease_id, expires_at, result::text AS result, claimed_at"
         " FROM dedup.lease($1::text, $2::text, $3::interval, $4::text)",
         job,
         scope,
@@ -156,7 +158,7 @@ async def lease(
         row["status"],
         row["lease_id"],
         row["expires_at"],
-        json.loads(result) if isinstance(result, str) else result,
+        None if result is None else json.loads(result),
         row["claimed_at"],
     )
 
@@ -167,7 +169,9 @@ async def complete(
     job = _core.lease_job_text(_core.check_job_id(job_id))
     lease_id = _core.check_lease_id(lease_id)
     scope = _core.check_scope(scope)
-    sql = "SELECT dedup.complete($1::text, $2::uuid, $3::jsonb, $4::text)"
+    # The JSON text as a text parameter, cast by the server: a jsonb codec of the caller's
+    # would encode our JSON text again (a JSON string of it) if the parameter were jsonb.
+    sql = "SELECT dedup.complete($1::text, $2::uuid, $3::text::jsonb, $4::text)"
     args = (job, lease_id, None if result is None else json.dumps(result), scope)
     try:
         await conn_or_pool.execute(sql, *args)  # in the caller's transaction, if any
