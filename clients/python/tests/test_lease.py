@@ -125,6 +125,38 @@ def test_lease_on_a_connection_without_autocommit(dbname, job):
         assert dedup.lease(other, job).done
 
 
+def test_complete_joins_only_a_transaction_the_caller_opened(dbname, job):
+    """On a connection without autocommit psycopg opens a transaction at the first
+    statement: complete must not slip into one the caller may not know is open (it would
+    commit only at a conn.commit() that may never come, and the caller would acknowledge a
+    job whose completion then rolls back). Inside conn.transaction() it joins."""
+    import psycopg
+
+    from conftest import dsn
+
+    with psycopg.connect(dsn(dbname)) as c:  # autocommit=False
+        lease = dedup.lease(c, job, duration=60)
+        c.execute("SELECT 1")  # psycopg sent BEGIN: an implicit transaction
+        with pytest.raises(dedup.InTransaction, match="implicit transaction"):
+            dedup.complete(c, job, lease.lease_id, {"n": 0})
+        c.rollback()
+        # An explicit block on this connection: complete joins it, and rolls back with it ...
+        with pytest.raises(RuntimeError):
+            with c.transaction():
+                c.execute("INSERT INTO receipts (job_id) VALUES (%s)", (job,))
+                dedup.complete(c, job, lease.lease_id, {"n": 1})
+                raise RuntimeError("rolled back")
+        assert dedup.lease(c, job).busy
+        # ... or commits with the write at its end.
+        with c.transaction():
+            c.execute("INSERT INTO receipts (job_id) VALUES (%s)", (job,))
+            dedup.complete(c, job, lease.lease_id, {"n": 2})
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(dsn(dbname), autocommit=True) as other:
+        done = dedup.lease(other, job)
+        assert done.done and done.result == {"n": 2}
+
+
 def test_asyncpg_leases_with_a_json_codec(dbname, job):
     """A connection whose jsonb codec encodes and decodes JSON itself (a common asyncpg
     setting): the result must be stored once-encoded and read back once-decoded."""

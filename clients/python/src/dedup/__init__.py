@@ -211,9 +211,14 @@ def lease(
 
 
 def complete(conn: Any, job_id: JobId, lease_id: Any, result: Any = None, scope: str = "default") -> None:
-    """``dedup.complete`` after the external effect: in the caller's transaction when there
-    is one (with a database write that goes with the effect), else in its own. ``result``
-    is stored as jsonb. Raises :class:`LeaseNotHeld` (``YD002``): do not acknowledge then."""
+    """``dedup.complete`` after the external effect: in the caller's transaction when the
+    caller opened one (with a database write that goes with the effect): a ``with
+    conn.transaction():`` block, or any transaction of an autocommit connection; on an idle
+    connection in a transaction of its own, committed at once. A connection without
+    autocommit in the implicit transaction psycopg began at an earlier statement raises
+    :class:`InTransaction` (commit or roll back first): complete would not commit before
+    your ``conn.commit()``. ``result`` is stored as jsonb. Raises :class:`LeaseNotHeld`
+    (``YD002``): do not acknowledge then."""
     if _sync(conn, "complete") != "psycopg":
         raise TypeError("dedup.complete: pass a psycopg 3 connection (asyncpg: complete_async)")
     from . import _psycopg

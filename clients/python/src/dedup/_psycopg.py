@@ -157,7 +157,8 @@ async def run_once_async(
 
 # Leases (sync psycopg). Each of lease, extend_lease and release_lease runs in a
 # transaction of its own that commits at once; complete runs in the caller's transaction
-# when there is one (with a database write that goes with the effect), else in its own.
+# when the caller opened one (with a database write that goes with the effect), else in its
+# own.
 
 
 def _own_transaction(conn: Any, func: str, sql: str, params: tuple[Any, ...]) -> Any:
@@ -193,7 +194,28 @@ def lease(
     return Lease(*row)
 
 
+COMPLETE_IN_IMPLICIT_TRANSACTION = (
+    "dedup.complete: the psycopg connection (autocommit=False) is in an implicit transaction, "
+    "which psycopg began at an earlier statement, not in a conn.transaction() block: complete "
+    "would join it and commit only at a later conn.commit(), and a message acknowledged "
+    "before that would lose the job's completion if it never came. Commit or roll back first "
+    "(complete then runs in a transaction of its own), or put the write that goes with the "
+    "effect and complete in a `with conn.transaction():` block."
+)
+
+
+def _in_transaction_block(conn: Any) -> bool:
+    """Whether the caller is inside ``with conn.transaction():``. psycopg has no public flag
+    for it: its connection counts the open blocks in ``_num_transactions`` (3.0 to 3.3). If a
+    version drops the counter, this says False and complete refuses rather than guesses
+    (tests/test_lease.py would fail)."""
+    return bool(getattr(conn, "_num_transactions", 0))
+
+
 def complete(conn: Any, job_id: JobId, lease_id: Any, result: Any = None, scope: str = "default") -> None:
+    """In the caller's transaction when the caller opened one (an autocommit connection in a
+    transaction, or a ``conn.transaction()`` block), else in a transaction of its own; on a
+    connection without autocommit in the implicit transaction psycopg began, refused."""
     from psycopg.types.json import Jsonb
 
     job = _core.lease_job_text(_core.check_job_id(job_id))
@@ -203,6 +225,8 @@ def complete(conn: Any, job_id: JobId, lease_id: Any, result: Any = None, scope:
     params = (job, lease_id, None if result is None else Jsonb(result), scope)
     status, TS = _status(conn)
     if status == TS.INTRANS:
+        if not (conn.autocommit or _in_transaction_block(conn)):
+            raise _core.InTransaction(COMPLETE_IN_IMPLICIT_TRANSACTION)
         try:  # in the caller's transaction: it commits with the caller's write
             conn.execute(sql, params)
         except Exception as e:
