@@ -244,3 +244,42 @@ def test_coroutine_functions_are_refused_at_registration():
         @dedup.celery.exactly_once(app, dsn="x")
         async def effect(conn):
             pass
+
+
+def test_setup_mistakes_requeue_instead_of_dropping(e2e_db, caplog):
+    """A mistake that fails every delivery (a connect= function returning a connection in a
+    transaction, a job_id= function that raises) must not fail the task: Celery would
+    acknowledge it and every message would be dropped. The message is requeued, with an
+    error logged, and the bad connection is closed."""
+    import logging
+
+    from celery import Celery
+
+    app = Celery("setup", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    opened = []
+
+    def connect():
+        c = psycopg.connect(dsn(e2e_db))  # autocommit=False ...
+        c.execute("SELECT 1")  # ... and left in the transaction psycopg began
+        opened.append(c)
+        return c
+
+    @dedup.celery.exactly_once(app, connect=connect, scope="setup", requeue_delay=0)
+    def in_transaction(conn, job):
+        pass
+
+    @dedup.celery.exactly_once(
+        app, dsn=dsn(e2e_db), scope="setup", requeue_delay=0, job_id=lambda order: order["id"]
+    )
+    def by_order_id(conn, order):
+        pass
+
+    with caplog.at_level(logging.ERROR, logger="dedup.celery"):
+        result = in_transaction.apply(args=["s-1"])
+        assert result.state == "REJECTED" and result.result.requeue is True, result.result
+        assert "connect=" in caplog.text and "requeued" in caplog.text
+        assert opened and opened[0].closed  # discarded: the next delivery connects again
+        caplog.clear()
+        result = by_order_id.apply(args=[7])  # 7["id"]: TypeError in the job_id function
+        assert result.state == "REJECTED" and result.result.requeue is True, result.result
+        assert "job_id=" in caplog.text and "requeued" in caplog.text

@@ -24,7 +24,10 @@ task does (the reasons are in the README):
 - ``acks_on_timeout=False``: a hard time limit requeues too.
 - Any error of the transaction (after its rollback) raises
   ``celery.exceptions.Reject(requeue=True)``: with ``acks_late`` Celery would otherwise
-  *acknowledge a task that raised*, and the job would be lost. Serialization failures and
+  *acknowledge a task that raised*, and the job would be lost. So does a setup mistake that
+  would fail every delivery (a ``job_id=`` function that raises, a ``connect=`` function
+  returning a connection in a transaction), with an error logged: failing the task would
+  drop every message. Serialization failures and
   deadlocks are retried in the task first (:func:`dedup.run_once`), never with Celery's
   ``retry``, which publishes a new message instead of running the transaction again.
 - The worker's prefetch multiplier is forced to 1 (a warning says so when it was not), so
@@ -46,7 +49,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple, Type
+from typing import Any, Callable, NoReturn, Optional, Tuple, Type
 
 from . import _core
 from ._core import JobId
@@ -146,6 +149,16 @@ class _Connections:
         if conn is None:
             if self.connect is not None:
                 conn = self.connect()
+                from psycopg.pq import TransactionStatus
+
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    _close(conn)
+                    raise _core.InTransaction(
+                        "dedup.celery: the connect= function returned a connection in a "
+                        f"transaction ({conn.info.transaction_status.name}); run_once must "
+                        "begin and commit the claim's transaction itself. Return a new "
+                        "connection, with autocommit=True or with nothing run on it yet."
+                    )
             else:
                 import psycopg
 
@@ -157,6 +170,20 @@ class _Connections:
         conn = getattr(self.local, "conn", None)
         if conn is not None and (conn.closed or conn.broken):
             self.local.conn = None
+
+    def discard(self) -> None:
+        """Close this thread's connection: the next task opens another."""
+        conn = getattr(self.local, "conn", None)
+        self.local.conn = None
+        if conn is not None:
+            _close(conn)
+
+
+def _close(conn: Any) -> None:
+    try:
+        conn.close()
+    except Exception:  # closing a bad connection: nothing more to do
+        pass
 
 
 def exactly_once(
@@ -180,9 +207,11 @@ def exactly_once(
     arguments returning the job id; default: the task id. ``retries``: retries of the
     transaction on 40001/40P01. ``requeue_on``: errors that requeue the message (after the
     rollback, and after about ``requeue_delay`` seconds) instead of failing the task;
-    dedup's own misuse errors and ``FingerprintMismatch`` always fail it, as does a job id
-    the server would refuse: such a message can never be done, and Celery acknowledges a
-    failed task. Other keyword arguments go to ``app.task`` (``name``, ``queue``, ...);
+    ``FingerprintMismatch`` always fails it, as does a job id the server would refuse: such
+    a message can never be done, and Celery acknowledges a failed task. A setup mistake that
+    would fail every delivery (a ``job_id`` function that raises, a ``connect`` function
+    returning a connection in a transaction) always requeues, with an error logged, and the
+    connection is closed: failing the task would drop every message. Other keyword arguments go to ``app.task`` (``name``, ``queue``, ...);
     ``acks_late`` and ``reject_on_worker_lost`` cannot be turned off.
 
     The task returns True when it ran the effect, False for a duplicate. ``fn`` must be a
@@ -213,15 +242,36 @@ def exactly_once(
                 "commit without the effect. Decorate a plain function."
             )
 
+        def misconfigured(self: Any, jid: Any, what: str, e: BaseException) -> "NoReturn":
+            # A mistake that fails every delivery: failing the task would have Celery
+            # acknowledge, and drop, every message. Requeued instead, loudly: the messages
+            # wait (or go to a worker that is set up right) until it is fixed.
+            logger.error(
+                "dedup.celery: job %r of %s not done, message requeued: %s: %s: %s. Every "
+                "delivery fails the same way until this is fixed; the messages are kept.",
+                jid, self.name, what, type(e).__name__, e,
+            )
+            if requeue_delay > 0:
+                time.sleep(requeue_delay * random.uniform(0.5, 1.5))
+            raise Reject(repr(e), requeue=True) from e
+
         def task(self: Any, *args: Any, **kwargs: Any) -> bool:
-            jid = job_id(*args, **kwargs) if job_id is not None else self.request.id
+            try:
+                jid = job_id(*args, **kwargs) if job_id is not None else self.request.id
+            except Exception as e:
+                misconfigured(self, self.request.id, "the job_id= function raised", e)
             # A job id the server would refuse fails the task here (it is acknowledged:
             # no redelivery could ever do it), before any transaction.
             jid = _core.check_job_id(jid)
             try:
                 conn = connections.get()
                 return run_once(conn, jid, lambda c: fn(c, *args, **kwargs), scope, retries)
-            except (_core.NotInTransaction, _core.InTransaction, _core.FingerprintMismatch):
+            except _core.InTransaction as e:
+                # From connect= (a connection in a transaction), or a connection left in
+                # one: closed, and the next delivery gets a new one.
+                connections.discard()
+                misconfigured(self, jid, "the task's connection is in a transaction", e)
+            except _core.FingerprintMismatch:
                 raise
             except requeue_on as e:
                 connections.discard_broken()
