@@ -40,7 +40,11 @@ def test_task_options_and_configuration(app_module):
     task = app_module.record
     assert task.acks_late is True
     assert task.reject_on_worker_lost is True
-    assert task.acks_on_timeout is False
+    assert task.acks_on_timeout is False  # Celery 5.7's own: a hard time limit requeues
+    from kombu.utils.imports import symbol_by_name
+
+    assert task.Request == "dedup.celery:ExactlyOnceRequest"  # requeues it on any version
+    assert symbol_by_name(task.Request) is dedup.celery.ExactlyOnceRequest
     conf = app_module.app.conf
     assert conf.worker_prefetch_multiplier == 1
     opts = conf.broker_transport_options
@@ -87,6 +91,10 @@ def test_options_that_break_the_guarantee_are_refused():
         dedup.celery.exactly_once(app, dsn="x", acks_late=False)
     with pytest.raises(dedup.InvalidArgument, match="reject_on_worker_lost must stay True"):
         dedup.celery.exactly_once(app, dsn="x", reject_on_worker_lost=False)
+    with pytest.raises(dedup.InvalidArgument, match="acks_on_timeout must stay False"):
+        dedup.celery.exactly_once(app, dsn="x", acks_on_timeout=True)
+    with pytest.raises(TypeError, match="Request= is set by dedup"):
+        dedup.celery.exactly_once(app, dsn="x", Request="celery.worker.request:Request")
     with pytest.raises(TypeError, match="either dsn= or connect="):
         dedup.celery.exactly_once(app)
     with pytest.raises(dedup.InvalidArgument, match="scope must not be empty"):
@@ -105,7 +113,7 @@ def test_eager_run_and_bad_job_id(app_module, e2e_db):
         c.execute("DELETE FROM receipts WHERE job_id LIKE 'arg:%'")
 
 
-def start_worker(i: int, work: pathlib.Path) -> subprocess.Popen:
+def start_worker(i: int, work: pathlib.Path, queue: str = "dedup_e2e") -> subprocess.Popen:
     log = open(work / f"worker{i}.log", "wb")
     return subprocess.Popen(
         [
@@ -113,7 +121,7 @@ def start_worker(i: int, work: pathlib.Path) -> subprocess.Popen:
             "--pool", "prefork", "--concurrency", "1",
             # 4 on purpose: exactly_once tasks force it to 1 (the log says so)
             "--prefetch-multiplier", "4",
-            "-n", f"w{i}@%h", "-Q", "dedup_e2e", "--loglevel", "WARNING",
+            "-n", f"w{i}@%h", "-Q", queue, "--loglevel", "WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -283,3 +291,48 @@ def test_setup_mistakes_requeue_instead_of_dropping(e2e_db, caplog):
         result = by_order_id.apply(args=[7])  # 7["id"]: TypeError in the job_id function
         assert result.state == "REJECTED" and result.result.requeue is True, result.result
         assert "job_id=" in caplog.text and "requeued" in caplog.text
+
+
+def test_hard_time_limit_requeues(app_module):
+    """billiard kills the pool process of a task past its hard time limit, inside the
+    transaction: the message must come back and the job be done once, also where Celery
+    itself would acknowledge it (e2e.timed_old, as Celery before 5.7 does)."""
+    work = pathlib.Path(os.environ["DEDUP_TEST_WORK"])
+    (work / "markers").mkdir(exist_ok=True)
+    create_database("e2e_timed")
+    jobs = {"timed-1": app_module.timed, "timed-old-1": app_module.timed_old}
+    for j in jobs:
+        (work / "markers" / j).unlink(missing_ok=True)
+    r = redis.Redis.from_url(os.environ["DEDUP_TEST_REDIS_URL"])
+    r.delete(app_module.TIMED_QUEUE)
+    for j, task in jobs.items():
+        task.apply_async(args=[j], task_id=j, queue=app_module.TIMED_QUEUE)
+    worker = start_worker(9, work, queue=app_module.TIMED_QUEUE)
+    with open(work / "worker.pids", "a") as pids:
+        pids.write(f"{worker.pid}\n")
+    started = time.monotonic()
+    counts: dict = {}
+    try:
+        with psycopg.connect(dsn("e2e_timed"), autocommit=True) as c:
+            while time.monotonic() - started < 45:
+                counts = dict(c.execute("SELECT job_id, count(*) FROM receipts GROUP BY job_id").fetchall())
+                claims = c.execute("SELECT count(*) FROM dedup.processed WHERE scope = 'timed'").fetchone()[0]
+                if len(counts) == len(jobs) and claims == len(jobs):
+                    break
+                time.sleep(0.5)
+            elapsed = time.monotonic() - started
+            time.sleep(1)  # a late duplicate would show now
+            counts = dict(c.execute("SELECT job_id, count(*) FROM receipts GROUP BY job_id").fetchall())
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        (work / "worker.pids").unlink()
+    log = (work / "worker9.log").read_text(errors="replace")
+    print(f"\ncelery hard time limit: {counts} after {elapsed:.1f} s")
+    assert all((work / "markers" / j).exists() for j in jobs), "a first run did not start"
+    assert log.count(f"Hard time limit ({app_module.TIME_LIMIT}s) exceeded") >= len(jobs), log[-2000:]
+    assert counts == {j: 1 for j in jobs}, log[-2000:]

@@ -21,15 +21,20 @@ task does (the reasons are in the README):
   COMMIT (or after a duplicate was skipped), never before the effect.
 - ``reject_on_worker_lost=True``: a pool process that dies mid-task (SIGKILL, OOM) has its
   message requeued instead of acknowledged.
-- ``acks_on_timeout=False``: a hard time limit requeues too.
+- A hard time limit (``time_limit``) requeues too. billiard kills the pool process in the
+  transaction, which the server rolls back; Celery then acknowledges the message unless
+  told otherwise, and the job would be lost. The task's request class,
+  :class:`ExactlyOnceRequest`, requeues it (Celery 5.3 to 5.6 read no ``acks_on_timeout``,
+  and acknowledge by default); ``acks_on_timeout=False``, Celery 5.7's own setting, says
+  the same there.
 - Any error of the transaction (after its rollback) raises
   ``celery.exceptions.Reject(requeue=True)``: with ``acks_late`` Celery would otherwise
   *acknowledge a task that raised*, and the job would be lost. So does a setup mistake that
   would fail every delivery (a ``job_id=`` function that raises, a ``connect=`` function
   returning a connection in a transaction), with an error logged: failing the task would
-  drop every message. Serialization failures and
-  deadlocks are retried in the task first (:func:`dedup.run_once`), never with Celery's
-  ``retry``, which publishes a new message instead of running the transaction again.
+  drop every message. Serialization failures and deadlocks are retried in the task first
+  (:func:`dedup.run_once`), never with Celery's ``retry``, which publishes a new message
+  instead of running the transaction again.
 - The worker's prefetch multiplier is forced to 1 (a warning says so when it was not), so
   a worker holds no more unacknowledged messages than it runs.
 - For Redis, kombu's restore sweep is made to run every ``restore_interval`` seconds (by
@@ -101,6 +106,51 @@ def configure(app: Any, *, visibility_timeout: Optional[float] = None, restore_i
     else:
         options.setdefault("unacked_restore_throttle", 1)
     conf.broker_transport_options = options
+
+
+_request_class: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    """``ExactlyOnceRequest``, made when first asked for (by a worker, through the task's
+    ``Request = "dedup.celery:ExactlyOnceRequest"``): ``import dedup.celery`` imports no
+    Celery."""
+    global _request_class
+    if name != "ExactlyOnceRequest":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _request_class is None:
+        from billiard.einfo import ExceptionWithTraceback
+        from celery.exceptions import TimeLimitExceeded
+        from celery.worker.request import Request
+
+        def is_time_limit(exc_info: Any) -> bool:
+            exc = getattr(exc_info, "exception", None)
+            if isinstance(exc, ExceptionWithTraceback):
+                exc = exc.exc
+            return isinstance(exc, TimeLimitExceeded)
+
+        class ExactlyOnceRequest(Request):  # type: ignore[misc, valid-type]
+            """The request of an ``exactly_once`` task: a task killed by its hard time limit
+            has its message requeued, never acknowledged. billiard reports the kill to both
+            handlers below (``on_failure`` with ``TimeLimitExceeded``, then ``on_timeout``);
+            the first to run rejects with requeue, and Celery's own handling after it
+            (its ``acks_on_timeout``, or before 5.7 ``acks_on_failure_or_timeout``) finds
+            the message dealt with. Everything else is Celery's."""
+
+            def on_timeout(self, soft: bool, timeout: float) -> None:
+                if not soft and self.task.acks_late:
+                    self.reject(requeue=True)
+                super().on_timeout(soft, timeout)
+
+            def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+                if self.task.acks_late and is_time_limit(exc_info):
+                    self.reject(requeue=True)
+                return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+        ExactlyOnceRequest.__module__ = __name__
+        ExactlyOnceRequest.__qualname__ = "ExactlyOnceRequest"
+        _request_class = ExactlyOnceRequest
+    return _request_class
 
 
 _enforced: "set[int]" = set()
@@ -211,8 +261,10 @@ def exactly_once(
     a message can never be done, and Celery acknowledges a failed task. A setup mistake that
     would fail every delivery (a ``job_id`` function that raises, a ``connect`` function
     returning a connection in a transaction) always requeues, with an error logged, and the
-    connection is closed: failing the task would drop every message. Other keyword arguments go to ``app.task`` (``name``, ``queue``, ...);
-    ``acks_late`` and ``reject_on_worker_lost`` cannot be turned off.
+    connection is closed: failing the task would drop every message. Other keyword
+    arguments go to ``app.task`` (``name``, ``queue``, ...); ``acks_late`` and
+    ``reject_on_worker_lost`` cannot be turned off, nor ``acks_on_timeout`` on, and
+    ``Request`` is dedup's. ``time_limit`` may be set: a task killed by it requeues.
 
     The task returns True when it ran the effect, False for a duplicate. ``fn`` must be a
     plain function (an ``async def`` one is refused here: nothing would await it).
@@ -227,7 +279,12 @@ def exactly_once(
                 f"dedup.celery.exactly_once: {key} must stay True: without it a message is "
                 "acknowledged before its effect committed, and lost if the worker dies"
             )
-    for key in ("bind", "base"):
+    if task_options.get("acks_on_timeout", False) is not False:
+        raise _core.InvalidArgument(
+            "dedup.celery.exactly_once: acks_on_timeout must stay False: a task killed by its "
+            "hard time limit rolled back, and its message must come back"
+        )
+    for key in ("bind", "base", "Request"):
         if key in task_options:
             raise TypeError(f"dedup.celery.exactly_once: {key}= is set by dedup")
     connections = _Connections(dsn, connect)
@@ -295,7 +352,8 @@ def exactly_once(
             bind=True,
             acks_late=True,
             reject_on_worker_lost=True,
-            acks_on_timeout=False,
+            acks_on_timeout=False,  # Celery 5.7; ExactlyOnceRequest for any version
+            Request="dedup.celery:ExactlyOnceRequest",
             typing=False,
         )
         _enforce(app)
