@@ -33,13 +33,8 @@ def _claim_sql(job_id: JobId, fingerprint: Optional[str]) -> str:
 
 async def _execute_claim(conn: Any, job_id: JobId, scope: str, fingerprint: Optional[str]) -> bool:
     args = (job_id, scope) if fingerprint is None else (job_id, scope, fingerprint)
-    try:
+    with _core.translated():
         return bool(await conn.fetchval(_claim_sql(job_id, fingerprint), *args))
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 async def _check_not_aborted(conn: Any) -> None:
@@ -57,9 +52,7 @@ async def _check_not_aborted(conn: Any) -> None:
 
 
 async def claim(conn: Any, job_id: JobId, scope: str = "default", fingerprint: Optional[str] = None) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     _check_connection(conn, "claim")
     if not conn.is_in_transaction():
         raise _core.NotInTransaction(
@@ -80,9 +73,7 @@ async def run_once(
     retries: int = _core.DEFAULT_RETRIES,
     fingerprint: Optional[str] = None,
 ) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     retries = _core.check_retries(retries)
     pool = conn_or_pool if is_pool(conn_or_pool) else None
     if pool is None and conn_or_pool.is_in_transaction():
@@ -121,13 +112,8 @@ async def run_once(
 async def _own_statement(conn_or_pool: Any, func: str, sql: str, *args: Any) -> Any:
     if not is_pool(conn_or_pool) and conn_or_pool.is_in_transaction():
         raise _core.InTransaction(_core.IN_TRANSACTION_LEASE.format(func=func, what="asyncpg connection"))
-    try:
+    with _core.translated():
         return await conn_or_pool.fetchrow(sql, *args)
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 async def lease(
@@ -173,13 +159,8 @@ async def complete(
     # would encode our JSON text again (a JSON string of it) if the parameter were jsonb.
     sql = "SELECT dedup.complete($1::text, $2::uuid, $3::text::jsonb, $4::text)"
     args = (job, lease_id, None if result is None else json.dumps(result), scope)
-    try:
+    with _core.translated():
         await conn_or_pool.execute(sql, *args)  # in the caller's transaction, if any
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 async def extend_lease(

@@ -6,12 +6,13 @@ imports its driver when first called.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 #: What a job id may be: ``str`` (SQL ``text``), ``int`` (``bigint``) or ``uuid.UUID``.
 #: ``42`` and ``"42"`` are one job, as in SQL.
@@ -186,6 +187,13 @@ def check_fingerprint(fingerprint: object) -> Optional[str]:
     return fingerprint
 
 
+def check_claim(
+    job_id: object, scope: object, fingerprint: object
+) -> tuple[JobId, str, Optional[str]]:
+    """A claim's arguments, checked in the order the server checks them."""
+    return check_job_id(job_id), check_scope(scope), check_fingerprint(fingerprint)
+
+
 def check_retries(retries: object) -> int:
     if isinstance(retries, bool) or not isinstance(retries, int):
         raise TypeError(f"dedup: retries must be int, not {type(retries).__name__}")
@@ -309,6 +317,19 @@ def translate(exc: BaseException) -> Optional[DedupError]:
     if code == "YD002":
         return LeaseNotHeld(str(exc))
     return None
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Around a statement: a server error with a typed error of dedup's ([translate]) is
+    raised as that, the driver's error its cause; any other exception as it is."""
+    try:
+        yield
+    except Exception as e:
+        mapped = translate(e)
+        if mapped is not None:
+            raise mapped from e
+        raise
 
 
 NOT_IN_TRANSACTION = (

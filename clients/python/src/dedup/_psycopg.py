@@ -54,20 +54,13 @@ def _claim_sql(job_id: JobId, fingerprint: Optional[str]) -> tuple[str, tuple[An
 
 def _execute_claim(conn: Any, job_id: JobId, scope: str, fingerprint: Optional[str]) -> bool:
     sql, extra = _claim_sql(job_id, fingerprint)
-    try:
+    with _core.translated():
         row = conn.execute(sql, (job_id, scope, *extra)).fetchone()
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
     return bool(row[0])
 
 
 def claim(conn: Any, job_id: JobId, scope: str = "default", fingerprint: Optional[str] = None) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     _check_claimable(conn)
     return _execute_claim(conn, job_id, scope, fingerprint)
 
@@ -80,9 +73,7 @@ def run_once(
     retries: int = _core.DEFAULT_RETRIES,
     fingerprint: Optional[str] = None,
 ) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     retries = _core.check_retries(retries)
     _check_idle(conn, _core.IN_TRANSACTION_RUN_ONCE.format(what="psycopg connection"))
     attempt = 0
@@ -104,23 +95,16 @@ def run_once(
 async def claim_async(
     conn: Any, job_id: JobId, scope: str = "default", fingerprint: Optional[str] = None
 ) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     _check_claimable(conn)
     return await _execute_claim_async(conn, job_id, scope, fingerprint)
 
 
 async def _execute_claim_async(conn: Any, job_id: JobId, scope: str, fingerprint: Optional[str]) -> bool:
     sql, extra = _claim_sql(job_id, fingerprint)
-    try:
+    with _core.translated():
         cur = await conn.execute(sql, (job_id, scope, *extra))
         row = await cur.fetchone()
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
     return bool(row[0])
 
 
@@ -132,9 +116,7 @@ async def run_once_async(
     retries: int = _core.DEFAULT_RETRIES,
     fingerprint: Optional[str] = None,
 ) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     retries = _core.check_retries(retries)
     _check_idle(conn, _core.IN_TRANSACTION_RUN_ONCE.format(what="psycopg connection"))
     attempt = 0
@@ -163,14 +145,9 @@ async def run_once_async(
 
 def _own_transaction(conn: Any, func: str, sql: str, params: tuple[Any, ...]) -> Any:
     _check_idle(conn, _core.IN_TRANSACTION_LEASE.format(func=func, what="psycopg connection"))
-    try:
+    with _core.translated():
         with conn.transaction():
             return conn.execute(sql, params).fetchone()
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 def lease(
@@ -227,13 +204,8 @@ def complete(conn: Any, job_id: JobId, lease_id: Any, result: Any = None, scope:
     if status == TS.INTRANS:
         if not (conn.autocommit or _in_transaction_block(conn)):
             raise _core.InTransaction(COMPLETE_IN_IMPLICIT_TRANSACTION)
-        try:  # in the caller's transaction: it commits with the caller's write
+        with _core.translated():  # in the caller's transaction: it commits with the caller's write
             conn.execute(sql, params)
-        except Exception as e:
-            mapped = _core.translate(e)
-            if mapped is not None:
-                raise mapped from e
-            raise
         return
     _own_transaction(conn, "complete", sql, params)
 

@@ -45,19 +45,12 @@ def _claim_statement(job_id: JobId, scope: str, fingerprint: Optional[str]) -> A
 
 
 def _execute_claim(target: Any, job_id: JobId, scope: str, fingerprint: Optional[str]) -> bool:
-    try:
+    with _core.translated():
         return bool(target.scalar(_claim_statement(job_id, scope, fingerprint)))
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 def claim(target: Any, job_id: JobId, scope: str = "default", fingerprint: Optional[str] = None) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     kind = _kind(target)
     if kind in ("engine", "sessionmaker"):
         raise TypeError(
@@ -88,9 +81,7 @@ def run_once(
     retries: int = _core.DEFAULT_RETRIES,
     fingerprint: Optional[str] = None,
 ) -> bool:
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     retries = _core.check_retries(retries)
     kind = _kind(target)
     if kind in ("session", "connection") and target.in_transaction():

@@ -49,9 +49,7 @@ def claim(
     atomic block (under Django's default autocommit) it raises
     :class:`dedup.NotInTransaction` before sending anything.
     """
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     connection = _connection(using)
     if connection.vendor != "postgresql":
         raise TypeError(f"dedup.django: database {using!r} is {connection.vendor}, not PostgreSQL")
@@ -64,15 +62,10 @@ def claim(
             )
         )
     params = [job_id, scope] + ([] if fingerprint is None else [fingerprint])
-    try:
+    with _core.translated():
         with connection.cursor() as cursor:
             cursor.execute(_claim_sql(job_id, fingerprint), params)
             return bool(cursor.fetchone()[0])
-    except Exception as e:
-        mapped = _core.translate(e)
-        if mapped is not None:
-            raise mapped from e
-        raise
 
 
 def _check_not_aborted(connection: Any) -> None:
@@ -114,9 +107,7 @@ def run_once(
     :class:`dedup.TransactionAborted` after the rollback, not return True."""
     from django.db import transaction
 
-    job_id = _core.check_job_id(job_id)
-    scope = _core.check_scope(scope)
-    fingerprint = _core.check_fingerprint(fingerprint)
+    job_id, scope, fingerprint = _core.check_claim(job_id, scope, fingerprint)
     retries = _core.check_retries(retries)
     connection = _connection(using)
     if connection.in_atomic_block or not connection.get_autocommit():
