@@ -108,7 +108,9 @@ RETURNS TABLE (
     late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
     duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
     waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
-    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8)
+    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8,
+    expired_duplicates pg_catalog.int8, last_expired_duplicate_at pg_catalog.timestamptz,
+    expired_duplicate_after_max pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$

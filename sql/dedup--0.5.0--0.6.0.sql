@@ -108,7 +108,10 @@ CREATE  FUNCTION "stats_counters"() RETURNS TABLE (
 	"wait_time" interval,
 	"wait_max" interval,
 	"batches" bigint,
-	"advances" bigint
+	"advances" bigint,
+	"expired_duplicates" bigint,
+	"last_expired_duplicate_at" timestamp with time zone,
+	"expired_duplicate_after_max" interval
 )
 STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
@@ -131,7 +134,8 @@ CREATE VIEW dedup.stats AS
            CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
                  AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
                 THEN dedup.retention(c.scope) END AS retention,
-           c.batches, c.advances
+           c.batches, c.advances,
+           c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max
       FROM dedup.stats_counters() AS c
       LEFT JOIN dedup._prune_status AS p
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
@@ -140,10 +144,70 @@ CREATE VIEW dedup.stats AS
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
             AND e.scope OPERATOR(pg_catalog.=) c.scope;
 COMMENT ON VIEW dedup.stats IS
-    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; prune columns and retention for this database.';
+    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; copies that ran again because their claim had expired; prune columns and retention for this database.';
 REVOKE ALL ON TABLE dedup.stats FROM PUBLIC;
 GRANT SELECT ON TABLE dedup.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION dedup._count(pg_catalog.text, pg_catalog.text, pg_catalog.timestamptz) FROM PUBLIC;
+
+-- Copies that ran again after their claim expired: the summaries of pruned claims, and the
+-- retention each scope needs.
+CREATE  FUNCTION "expired_summaries"() RETURNS TABLE (
+	"slot" INT,
+	"current" bool,
+	"started" timestamp with time zone,
+	"last_pruned_at" timestamp with time zone,
+	"in_lookback" bool,
+	"keys" bigint,
+	"not_kept" bigint,
+	"capacity" bigint,
+	"expired_from" timestamp with time zone,
+	"expired_until" timestamp with time zone,
+	"databases" oid[],
+	"false_positive_rate" double precision
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'expired_summaries_wrapper';
+REVOKE ALL ON FUNCTION dedup.expired_summaries() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.expired_summaries() TO pg_monitor;
+COMMENT ON FUNCTION dedup.expired_summaries() IS
+    'The summaries of pruned claims that count expired duplicates (needs shared_preload_libraries = ''dedup''), newest first: their keys, the keys they could not take, their expiry range, databases and false-positive rate.';
+
+-- The retention each scope of this database needs, from what was seen: the oldest claim a
+-- duplicate hit, and the copies that came after their claim expired (each at most
+-- expired_duplicate_after_max past its scope's retention). Half again the latest copy
+-- seen, rounded up to a minute, and never shorter than the retention in force: copies seen
+-- so far are not the latest that can come.
+CREATE FUNCTION dedup.suggest_retention(
+    OUT scope pg_catalog.text, OUT retention pg_catalog.interval,
+    OUT duplicate_age_max pg_catalog.interval, OUT expired_duplicates pg_catalog.int8,
+    OUT expired_duplicate_after_max pg_catalog.interval, OUT latest_copy pg_catalog.interval,
+    OUT suggested pg_catalog.interval)
+RETURNS SETOF record
+LANGUAGE sql STABLE PARALLEL RESTRICTED
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT g.scope, g.retention, g.duplicate_age_max, g.expired_duplicates,
+           g.expired_duplicate_after_max, g.latest_copy,
+           GREATEST(g.retention,
+                    make_interval(secs => ceil(extract(epoch FROM g.latest_copy) * 1.5 / 60) * 60))
+      FROM (SELECT s.scope, dedup.retention(s.scope) AS retention,
+                   max(s.duplicate_age_max) AS duplicate_age_max,
+                   sum(s.expired_duplicates)::int8 AS expired_duplicates,
+                   max(s.expired_duplicate_after_max) AS expired_duplicate_after_max,
+                   GREATEST(max(s.duplicate_age_max),
+                            CASE WHEN sum(s.expired_duplicates) > 0
+                                 THEN dedup.retention(s.scope) + max(s.expired_duplicate_after_max)
+                            END) AS latest_copy
+              FROM dedup.stats AS s
+             WHERE s.datname = current_database() AND s.scope <> '(overflow)'
+             GROUP BY s.scope) AS g
+     ORDER BY g.scope
+$$;
+REVOKE ALL ON FUNCTION dedup.suggest_retention() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.suggest_retention() TO pg_monitor;
+COMMENT ON FUNCTION dedup.suggest_retention() IS
+    'Per scope of this database: the retention in force, the latest copies seen (duplicates before expiry, expired duplicates after), and a retention that would have caught them with half again as margin.';
 
 -- Leases and stored results on Citus, and the claim's time for the duplicate ages.
 -- A lease, in a short transaction of its own before an external effect. Its one statement
@@ -518,7 +582,9 @@ RETURNS TABLE (
     late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
     duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
     waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
-    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8)
+    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8,
+    expired_duplicates pg_catalog.int8, last_expired_duplicate_at pg_catalog.timestamptz,
+    expired_duplicate_after_max pg_catalog.interval)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$

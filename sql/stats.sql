@@ -30,7 +30,8 @@ CREATE VIEW dedup.stats AS
            CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
                  AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
                 THEN dedup.retention(c.scope) END AS retention,
-           c.batches, c.advances
+           c.batches, c.advances,
+           c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max
       FROM dedup.stats_counters() AS c
       LEFT JOIN dedup._prune_status AS p
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
@@ -39,7 +40,7 @@ CREATE VIEW dedup.stats AS
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
             AND e.scope OPERATOR(pg_catalog.=) c.scope;
 COMMENT ON VIEW dedup.stats IS
-    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; prune columns and retention for this database.';
+    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; copies that ran again because their claim had expired; prune columns and retention for this database.';
 REVOKE ALL ON TABLE dedup.stats FROM PUBLIC;
 GRANT SELECT ON TABLE dedup.stats TO pg_monitor;
 REVOKE ALL ON FUNCTION dedup.stats_counters() FROM PUBLIC;
@@ -58,3 +59,43 @@ COMMENT ON FUNCTION dedup.stats_info() IS
     'Whether claims are counted, entries in use (the overflow row included), the bound dedup.stats_max, calls counted in the overflow row, and the last reset.';
 COMMENT ON FUNCTION dedup.stats_reset() IS
     'Forget every counter of dedup.stats.';
+
+-- The retention each scope of this database needs, from what was seen: the oldest claim a
+-- duplicate hit, and the copies that came after their claim expired (each at most
+-- expired_duplicate_after_max past its scope's retention). Half again the latest copy
+-- seen, rounded up to a minute, and never shorter than the retention in force: copies seen
+-- so far are not the latest that can come.
+CREATE FUNCTION dedup.suggest_retention(
+    OUT scope pg_catalog.text, OUT retention pg_catalog.interval,
+    OUT duplicate_age_max pg_catalog.interval, OUT expired_duplicates pg_catalog.int8,
+    OUT expired_duplicate_after_max pg_catalog.interval, OUT latest_copy pg_catalog.interval,
+    OUT suggested pg_catalog.interval)
+RETURNS SETOF record
+LANGUAGE sql STABLE PARALLEL RESTRICTED
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT g.scope, g.retention, g.duplicate_age_max, g.expired_duplicates,
+           g.expired_duplicate_after_max, g.latest_copy,
+           GREATEST(g.retention,
+                    make_interval(secs => ceil(extract(epoch FROM g.latest_copy) * 1.5 / 60) * 60))
+      FROM (SELECT s.scope, dedup.retention(s.scope) AS retention,
+                   max(s.duplicate_age_max) AS duplicate_age_max,
+                   sum(s.expired_duplicates)::int8 AS expired_duplicates,
+                   max(s.expired_duplicate_after_max) AS expired_duplicate_after_max,
+                   GREATEST(max(s.duplicate_age_max),
+                            CASE WHEN sum(s.expired_duplicates) > 0
+                                 THEN dedup.retention(s.scope) + max(s.expired_duplicate_after_max)
+                            END) AS latest_copy
+              FROM dedup.stats AS s
+             WHERE s.datname = current_database() AND s.scope <> '(overflow)'
+             GROUP BY s.scope) AS g
+     ORDER BY g.scope
+$$;
+REVOKE ALL ON FUNCTION dedup.suggest_retention() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.suggest_retention() TO pg_monitor;
+COMMENT ON FUNCTION dedup.suggest_retention() IS
+    'Per scope of this database: the retention in force, the latest copies seen (duplicates before expiry, expired duplicates after), and a retention that would have caught them with half again as margin.';
+REVOKE ALL ON FUNCTION dedup.expired_summaries() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.expired_summaries() TO pg_monitor;
+COMMENT ON FUNCTION dedup.expired_summaries() IS
+    'The summaries of pruned claims that count expired duplicates (needs shared_preload_libraries = ''dedup''), newest first: their keys, the keys they could not take, their expiry range, databases and false-positive rate.';

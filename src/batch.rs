@@ -102,11 +102,13 @@ fn claim_many(
                 previous = now;
             });
         }
-        for ((outcome, started, ended), &(_, i)) in outcomes.into_iter().zip(&keys) {
+        let mut claimed_keys = Vec::new();
+        for ((outcome, started, ended), &(key, i)) in outcomes.into_iter().zip(&keys) {
             match outcome {
                 // Counted together below.
                 claim::Outcome::Claimed => {
                     claimed.push(i);
+                    claimed_keys.push(key);
                     continue;
                 }
                 claim::Outcome::FingerprintMismatch => mismatched.push(i),
@@ -116,6 +118,9 @@ fn claim_many(
         }
         if !claimed.is_empty() {
             crate::stats::count(scope, crate::stats::Event::Claims(claimed.len() as u64));
+            for key in claimed_keys {
+                crate::expired::check(scope, key);
+            }
         }
     }
     claimed.sort_unstable();

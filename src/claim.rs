@@ -196,6 +196,11 @@ pub(crate) fn claim_checked(
         unsafe { insert_claim(scope, job_id, fingerprint) }
     };
     count(scope, &outcome, started);
+    // A copy of a job whose claim was pruned (not through Citus: the claims are pruned on
+    // the nodes that hold the shards, and their summaries are there).
+    if outcome == Outcome::Claimed && route != citus::Route::Citus {
+        crate::expired::check(scope, job_id);
+    }
     outcome
 }
 

@@ -31,6 +31,13 @@ pub static LEASE_DURATION: GucSetting<i32> = GucSetting::<i32>::new(30);
 /// `dedup.stats_max`: entries of the shared counter table (database, scope, consumer).
 pub static STATS_MAX: GucSetting<i32> = GucSetting::<i32>::new(5000);
 
+/// `dedup.expired_memory`, kB: the shared memory of the summaries of pruned claims (0: none).
+pub static EXPIRED_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
+
+/// `dedup.expired_lookback`, seconds: how long a pruned claim is remembered at least; -1:
+/// `dedup.retention`.
+pub static EXPIRED_LOOKBACK: GucSetting<i32> = GucSetting::<i32>::new(-1);
+
 /// `dedup.track_stats`: count claims, duplicates and busy calls.
 pub static TRACK_STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
 
@@ -154,7 +161,20 @@ pub fn init() {
     // (miscinit.c); no call, no ERROR, on the process's only thread (from _PG_init).
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         define_stats_max();
+        define_expired_memory();
     }
+    GucRegistry::define_int_guc(
+        c"dedup.expired_lookback",
+        c"How long the summaries remember a pruned claim, at least (-1: dedup.retention).",
+        c"A claim that returns true for a job whose claim was pruned within this time is counted \
+          in dedup.stats as an expired duplicate. A key is remembered at most a seventh more. \
+          Needs shared_preload_libraries = 'dedup'.",
+        &EXPIRED_LOOKBACK,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
     GucRegistry::define_bool_guc(
         c"dedup.track_stats",
         c"Count claims, duplicates and busy calls in dedup.stats.",
@@ -195,6 +215,21 @@ fn define_stats_max() {
         1_000_000,
         GucContext::Postmaster,
         GucFlags::default(),
+    );
+}
+
+fn define_expired_memory() {
+    GucRegistry::define_int_guc(
+        c"dedup.expired_memory",
+        c"Shared memory for the summaries of pruned claims, which count copies that ran again after their claim expired (0: off).",
+        c"Eight Bloom filters; each takes about 16 bits per pruned claim before it stops taking \
+          more (a false-positive rate of 0.1% each). Size it at 2.3 bytes per claim pruned in \
+          dedup.expired_lookback. Needs shared_preload_libraries = 'dedup'.",
+        &EXPIRED_MEMORY,
+        0,
+        1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
     );
 }
 

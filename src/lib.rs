@@ -8,6 +8,7 @@ mod citus;
 mod claim;
 mod compat;
 mod error;
+mod expired;
 mod guc;
 mod lease;
 mod prune;
@@ -53,6 +54,7 @@ extension_sql_file!(
         stats::sql::stats_counters,
         stats::sql::stats_info,
         stats::sql::stats_reset,
+        expired::expired_summaries,
         stats::sql::count_event,
         stats::sql::count_event_at
     ]

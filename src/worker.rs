@@ -185,7 +185,10 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
 /// Drop the counters of databases that no longer exist: the counter table evicts nothing,
 /// so these would otherwise hold their entries until dedup.stats_reset().
 fn forget_dropped_databases() {
-    let counted = stats::counted_databases();
+    let mut counted = stats::counted_databases();
+    counted.extend(crate::expired::databases());
+    counted.sort_unstable_by_key(|db| u32::from(*db));
+    counted.dedup();
     if counted.is_empty() {
         return;
     }
@@ -202,6 +205,10 @@ fn forget_dropped_databases() {
     match gone {
         Ok(gone) => {
             let n = stats::forget_databases(&gone);
+            let lists = crate::expired::forget_databases(&gone);
+            if lists > 0 {
+                debug1!("dedup launcher: forgot the pruned claims of dropped databases in {lists} summaries");
+            }
             if n > 0 {
                 debug1!("dedup launcher: forgot {n} counter entries of dropped databases");
             }

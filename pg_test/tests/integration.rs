@@ -30,6 +30,8 @@ mod errors;
 mod examples;
 #[path = "integration/experiment.rs"]
 mod experiment;
+#[path = "integration/expired.rs"]
+mod expired;
 #[path = "integration/fake_service.rs"]
 mod fake_service;
 #[path = "integration/fuzz.rs"]
@@ -145,6 +147,11 @@ const TESTS: &[(&str, TestFn)] = tests![
     stats::a_torn_or_altered_counter_file_is_refused,
     stats::counters_of_a_dropped_database_are_forgotten,
     stats::a_full_counter_table_is_never_locked_exclusively,
+    expired::copies_after_expiry_are_counted_and_new_jobs_are_not,
+    expired::a_full_summary_holds_its_false_positive_rate,
+    expired::the_lookback_bound_holds,
+    expired::restart_keeps_the_summaries_and_a_crash_or_damage_forgets_them,
+    expired::a_dropped_databases_keys_are_forgotten,
     operations::duplicate_ages_late_copies_and_waits,
     operations::table_health_estimate_and_exact,
     operations::forget_removes_done_claims_with_an_audit_row,
@@ -199,6 +206,7 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ("operations::a_forgotten_job_claimed_again_is_a_claim", COUNTERS),
     ("operations::a_counter_file_of_the_previous_format_is_read", COUNTERS),
     ("operations::batches_and_advances_are_counted", COUNTERS),
+    ("expired::", EXPIRED),
     ("worker::", WORKER),
     (
         "fuzz::",
@@ -256,6 +264,7 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ),
 ];
 const COUNTERS: &str = "dedup.stats counts in the shared memory of the native library (shared_preload_libraries = 'dedup'), which the portable edition has not";
+const EXPIRED: &str = "the summaries of pruned claims live in the shared memory of the native library; the portable edition keeps none and does not count expired duplicates (dedup.expired_summaries() warns and returns no rows)";
 const WORKER: &str =
     "the background worker is part of the native library; the portable edition prunes from pg_cron";
 /// Tests that need `CREATE EXTENSION dedup` itself: they run through pg_tle, not with the

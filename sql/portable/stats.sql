@@ -23,7 +23,10 @@ RETURNS TABLE (
     wait_time              pg_catalog.interval,
     wait_max               pg_catalog.interval,
     batches                pg_catalog.int8,
-    advances               pg_catalog.int8)
+    advances               pg_catalog.int8,
+    expired_duplicates     pg_catalog.int8,
+    last_expired_duplicate_at pg_catalog.timestamptz,
+    expired_duplicate_after_max pg_catalog.interval)
 LANGUAGE plpgsql STRICT VOLATILE PARALLEL RESTRICTED
 AS $$
 BEGIN
@@ -50,6 +53,30 @@ BEGIN
     overflowed := 0;
     reset_at := NULL;
     RETURN NEXT;
+END
+$$;
+
+-- The summaries of pruned claims live in shared memory too: the portable edition keeps
+-- none, so it cannot count copies that ran again after their claim expired. No rows, with
+-- the WARNING; size the retention by the guide's rule (docs/diagnostics.md).
+CREATE FUNCTION dedup.expired_summaries()
+RETURNS TABLE (
+    slot                pg_catalog.int4,
+    current             pg_catalog.bool,
+    started             pg_catalog.timestamptz,
+    last_pruned_at      pg_catalog.timestamptz,
+    in_lookback         pg_catalog.bool,
+    keys                pg_catalog.int8,
+    not_kept            pg_catalog.int8,
+    capacity            pg_catalog.int8,
+    expired_from        pg_catalog.timestamptz,
+    expired_until       pg_catalog.timestamptz,
+    databases           pg_catalog.oid[],
+    false_positive_rate pg_catalog.float8)
+LANGUAGE plpgsql STRICT VOLATILE PARALLEL RESTRICTED
+AS $$
+BEGIN
+    PERFORM dedup._portable_stats_warning('dedup.expired_summaries');
 END
 $$;
 

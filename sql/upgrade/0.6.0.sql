@@ -22,6 +22,12 @@ DROP FUNCTION dedup.stats_counters();
 --@ create stats.sql dedup.stats
 --@ create stats.sql dedup._count(text, text, timestamptz)
 
+-- Copies that ran again after their claim expired: the summaries of pruned claims, and the
+-- retention each scope needs.
+--@ create library dedup.expired_summaries
+--@ create stats.sql dedup.expired_summaries
+--@ create stats.sql dedup.suggest_retention
+
 -- Leases and stored results on Citus, and the claim's time for the duplicate ages.
 --@ replace leases.sql dedup.lease
 --@ replace leases.sql dedup._lease_lost

@@ -306,7 +306,7 @@ fn delete_expired(
               FOR UPDATE OF p SKIP LOCKED) \
          DELETE FROM {table} AS p \
           WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT e.ctid FROM expired AS e)) \
-         RETURNING p.scope",
+         RETURNING p.scope, p.job_id, p.processed_at",
         table = target.name
     );
     let (scopes, ats, scope_horizons) = cutoffs.arrays();
@@ -329,11 +329,25 @@ fn delete_expired(
         }
         let rows = with_tid_plans(|| c.update(query.as_str(), None, &args))?;
         let mut n = 0;
+        // What was pruned, for the summaries that count copies arriving after their claim
+        // expired (src/expired/): not a shard placement's claims, which are claimed through
+        // Citus and not checked.
+        let mut pruned = Vec::new();
         for row in rows {
             let scope: String = row.get(1)?.unwrap_or_default();
+            if target.relid.is_none() {
+                let job_id: String = row.get(2)?.unwrap_or_default();
+                let at = row
+                    .get::<pgrx::datum::TimestampWithTimeZone>(3)?
+                    .map_or(0, pg_sys::TimestampTz::from);
+                // It expired when it became older than its scope's retention.
+                let expiry = at + (cutoffs.now - cutoffs.of(&scope).at);
+                pruned.push((scope.clone(), job_id, expiry));
+            }
             *per_scope.entry(scope).or_default() += 1;
             n += 1;
         }
+        crate::expired::remember(&pruned);
         Ok::<_, pgrx::spi::Error>(n)
     })
     .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))

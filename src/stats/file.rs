@@ -33,7 +33,7 @@ pub(super) const fn record(values: usize) -> usize {
 pub(super) const RECORD: usize = record(VALUES);
 
 /// FNV-1a, 64 bits: enough to tell a torn or altered file from a written one.
-pub(super) fn checksum(bytes: &[u8]) -> u64 {
+pub(crate) fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

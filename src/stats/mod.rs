@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod file;
 mod shmem;
 pub(crate) mod sql;
+pub(crate) use file::checksum;
 use file::*;
 use shmem::*;
 pub use shmem::{available, counted_databases, forget_databases, request_shared_memory};
@@ -63,6 +64,9 @@ pub enum Event {
     /// A `dedup.advance` call that raised its partition's mark (`raised`), or found the
     /// position at or below it (a redelivery: counted as a duplicate).
     Advance { raised: bool },
+    /// A claim that returned true for a job whose claim had been pruned (src/expired/):
+    /// `after`, microseconds since the claim expired, at most. Counted besides its Claim.
+    ExpiredDuplicate { after: i64 },
 }
 
 /// Upper bounds of the duplicate-age buckets, in seconds; the last bucket has none. Half a
@@ -219,6 +223,11 @@ unsafe fn add(entry: *mut Entry, scope: &str, event: Event, now: u64) {
         Event::Advance { raised: false } => {
             c(DUPLICATES).fetch_add(1, Ordering::Relaxed);
             advance(c(LAST_DUPLICATE_AT), now);
+        }
+        Event::ExpiredDuplicate { after } => {
+            c(EXPIRED).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_EXPIRED_AT), now);
+            c(EXPIRED_AFTER_MAX).fetch_max(after.max(0) as u64, Ordering::Relaxed);
         }
     }
 }

@@ -182,6 +182,12 @@ counters! {
     // try_claim_many calls, and dedup.advance calls that raised a mark.
     BATCHES: Count "batches",
     ADVANCES: Count "advances",
+    // Claims that returned true for a job whose claim pruning had removed (src/expired/):
+    // how many, the last, and the longest after the claim expired (microseconds, at most:
+    // from the earliest expiry of the summary that held it).
+    EXPIRED: Count "expired_duplicates",
+    LAST_EXPIRED_AT: Time "last_expired_duplicate_at",
+    EXPIRED_AFTER_MAX: Micros "expired_duplicate_after_max",
 }
 
 /// One entry of the shared hash table (the key must come first): its generation, then the
@@ -276,6 +282,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_request() {
     }
     pg_sys::RequestAddinShmemSpace(shmem_size());
     pg_sys::RequestNamedLWLockTranche(c"dedup".as_ptr(), 1);
+    // The summaries of pruned claims (src/expired/), when dedup.expired_memory > 0.
+    crate::expired::request();
 }
 
 /// # Safety
@@ -366,6 +374,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_startup() {
     // function pointer (out of slots, it raises a FATAL, which ends the postmaster); its
     // callbacks run once at shmem_exit, which also empties the list, so a crash restart
     // registers it anew. read_file runs in the postmaster before any backend exists.
+    // SAFETY: AddinShmemInitLock is held, as expired::attach requires.
+    let expired_new = crate::expired::attach();
     pg_sys::LWLockRelease(addin_lock);
     SHARED = shared;
     HASH = hash;
@@ -375,6 +385,9 @@ pub(super) unsafe extern "C-unwind" fn shmem_startup() {
     }
     if !found {
         read_file();
+    }
+    if expired_new {
+        crate::expired::load();
     }
 }
 

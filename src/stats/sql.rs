@@ -3,7 +3,7 @@
 //! offset functions count.
 use super::*;
 
-pub(super) fn warn_not_preloaded(func: &str) {
+pub(crate) fn warn_not_preloaded(func: &str) {
     pgrx::pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,
         format!("{func}: dedup's counters need shared_preload_libraries = 'dedup'"),
@@ -38,6 +38,9 @@ pub(super) fn stats_counters() -> TableIterator<
         name!(wait_max, Interval),
         name!(batches, i64),
         name!(advances, i64),
+        name!(expired_duplicates, i64),
+        name!(last_expired_duplicate_at, Option<TimestampWithTimeZone>),
+        name!(expired_duplicate_after_max, Interval),
     ),
 > {
     if !available() {
@@ -76,6 +79,9 @@ pub(super) fn stats_counters() -> TableIterator<
                 interval(WAIT_MAX),
                 count(BATCHES),
                 count(ADVANCES),
+                count(EXPIRED),
+                shown_time(&r, LAST_EXPIRED_AT),
+                interval(EXPIRED_AFTER_MAX),
             )
         })
         .collect();

@@ -1,0 +1,609 @@
+//! Copies that ran again because their claim had expired: a memory of the claims pruning
+//! removed, and the check a claim makes against it.
+//!
+//! A copy that arrives after its claim was pruned finds no claim, gets `true` and runs its
+//! job again. To see it, the prune pass adds the key (database, scope, job id) of every
+//! claim it deletes to a summary of what it removed, and a claim that returns `true` looks
+//! its key up there: found, it is counted as an expired duplicate (`dedup.stats`'
+//! `expired_duplicates`), with how long after its claim expired it came.
+//!
+//! The summaries are a ring of [`SLOTS`] split-block Bloom filters in shared memory (with
+//! `shared_preload_libraries = 'dedup'`), `dedup.expired_memory` in all. A split-block
+//! filter (Parquet's, with 64-bit words) sets one bit in each of the 8 words of one
+//! 64-byte block per key: a lookup reads one cache line and never more, whatever the
+//! filter's size, and a new job (the common case) usually misses at its first word. Keys go
+//! into the current slot; when it has taken keys for a width (the look-back over
+//! `SLOTS - 1`), the oldest slot is emptied and becomes the current one, so a key is
+//! remembered at least the look-back (`dedup.expired_lookback`, by default
+//! `dedup.retention`) after it was pruned and at most a width more. A slot takes keys only
+//! up to the number at which a lookup's false-positive rate reaches [`SLOT_FPR`]; the keys
+//! past that are counted as not kept, so a summary never fills into a false alarm: a new
+//! job is counted as an expired duplicate with a probability of at most `SLOT_FPR` per slot
+//! that holds keys of its database (0.8% with every slot full; `dedup.expired_summaries()`
+//! shows the estimate now).
+//!
+//! Only the prune pass (the worker, or `dedup.prune()`) adds keys, under the ring's lock;
+//! a claim reads the ring with no lock (atomic loads). Each slot lists the databases it
+//! holds keys of (at most [`DBS`]; past that, every database looks in it): a claim looks
+//! only in the slots of its own database, and a dropped database is taken off every list,
+//! so its keys are never looked up again. The ring is written to
+//! `pg_stat/dedup_expired.stat` at a clean shutdown and read back at start (checksummed; a
+//! torn or altered file, or one of another size, is refused whole); after a crash, the
+//! keys pruned since the last clean start are forgotten.
+use crate::guc;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+mod file;
+
+/// The summaries in the ring: the current one and `SLOTS - 1` sealed ones.
+pub const SLOTS: usize = 8;
+/// The databases a slot lists; past that, it is looked in by every database.
+pub const DBS: usize = 32;
+/// Words of a block: one bit of each is set per key.
+const BLOCK_WORDS: usize = 8;
+/// A block's bytes: one cache line.
+const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
+/// A slot takes keys while a lookup in it would be a false positive at most this often.
+pub const SLOT_FPR: f64 = 0.001;
+
+/// One summary: the keys pruned while it was current, and what is known about them.
+#[repr(C)]
+pub(crate) struct Slot {
+    /// When it became current (microseconds since 2000); 0: empty.
+    started: AtomicI64,
+    /// When it last took keys, or became current.
+    last_at: AtomicI64,
+    /// When the next slot became current; 0: it is the current one.
+    sealed: AtomicI64,
+    keys: AtomicU64,
+    /// Keys pruned while it was current that it did not take (it was full).
+    not_kept: AtomicU64,
+    /// The earliest and latest time a claim it holds expired.
+    min_expiry: AtomicI64,
+    max_expiry: AtomicI64,
+    /// One bit per database OID modulo 64: a claim's first, cheap test.
+    db_mask: AtomicU64,
+    dbs: [AtomicU32; DBS],
+    /// Set when more than DBS databases put keys in it.
+    more_dbs: AtomicU32,
+}
+
+/// The shared ring; its bits follow it, block-aligned.
+#[repr(C)]
+pub(crate) struct Ring {
+    lock: *mut pg_sys::LWLock,
+    current: AtomicU32,
+    /// Blocks per slot.
+    blocks: u64,
+    /// Keys a slot takes (at SLOT_FPR).
+    capacity: u64,
+    slots: [Slot; SLOTS],
+}
+
+static mut RING: *mut Ring = std::ptr::null_mut();
+static mut BITS: *mut AtomicU64 = std::ptr::null_mut();
+
+/// Blocks per slot for `dedup.expired_memory` (kB); 0: off.
+fn blocks_per_slot() -> u64 {
+    let bytes = u64::try_from(guc::EXPIRED_MEMORY.get()).unwrap_or(0) * 1024;
+    bytes / SLOTS as u64 / BLOCK_BYTES as u64
+}
+
+/// The false-positive rate of a lookup in a split-block filter of `blocks` blocks holding
+/// `keys` keys: the keys of a block are Poisson distributed, and a block of `j` keys has a
+/// given bit of a word set with probability 1 - (1 - 1/64)^j.
+pub fn false_positive_rate(keys: u64, blocks: u64) -> f64 {
+    if keys == 0 || blocks == 0 {
+        return 0.0;
+    }
+    let lambda = keys as f64 / blocks as f64;
+    let mut p = (-lambda).exp();
+    let mut sum = 0.0;
+    let upper = (lambda * 4.0 + 60.0) as u64;
+    for j in 0..upper {
+        if j > 0 {
+            p *= lambda / j as f64;
+        }
+        sum += p * (1.0 - (1.0 - 1.0 / 64.0f64).powi(j as i32)).powi(BLOCK_WORDS as i32);
+    }
+    sum.min(1.0)
+}
+
+/// The keys a slot of `blocks` blocks takes before a lookup's false-positive rate passes
+/// [`SLOT_FPR`] (about 16 bits per key).
+pub fn capacity(blocks: u64) -> u64 {
+    let (mut lo, mut hi) = (0u64, blocks * 64);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if false_positive_rate(mid, blocks) <= SLOT_FPR {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// The shared memory the ring needs (0: off).
+pub(crate) fn shmem_size() -> usize {
+    let blocks = blocks_per_slot();
+    if blocks == 0 {
+        return 0;
+    }
+    std::mem::size_of::<Ring>() + BLOCK_BYTES + SLOTS * blocks as usize * BLOCK_BYTES
+}
+
+/// Ask for the ring's memory and lock (from stats' shmem_request hook).
+///
+/// # Safety
+///
+/// Inside shmem_request_hook, in the postmaster, under a #[pg_guard].
+pub(crate) unsafe fn request() {
+    let size = shmem_size();
+    if size > 0 {
+        // SAFETY: the contract above: both calls only record the request.
+        pg_sys::RequestAddinShmemSpace(size);
+        pg_sys::RequestNamedLWLockTranche(c"dedup expired".as_ptr(), 1);
+    }
+}
+
+/// Make (or attach to) the ring; returns whether it is new (then the caller reads the file
+/// once AddinShmemInitLock is released).
+///
+/// # Safety
+///
+/// From stats' shmem_startup hook, with AddinShmemInitLock held, under its #[pg_guard].
+pub(crate) unsafe fn attach() -> bool {
+    let size = shmem_size();
+    if size == 0 {
+        return false;
+    }
+    let blocks = blocks_per_slot();
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns `size` bytes of shared memory, MAXALIGNed, for the
+    // postmaster's life; when new, they are written here before RING is published (no
+    // backend exists yet, or this is a child attaching under EXEC_BACKEND, found = true).
+    // The bits start at the first 64-byte boundary after the Ring, inside the `size`
+    // bytes (BLOCK_BYTES of slack were asked for).
+    let base = pg_sys::ShmemInitStruct(c"dedup expired".as_ptr(), size, &mut found).cast::<u8>();
+    let ring = base.cast::<Ring>();
+    let after = base.add(std::mem::size_of::<Ring>());
+    let bits = after
+        .add(after.align_offset(BLOCK_BYTES))
+        .cast::<AtomicU64>();
+    if !found {
+        std::ptr::write_bytes(base, 0, size);
+        (*ring).lock = std::ptr::addr_of_mut!(
+            (*pg_sys::GetNamedLWLockTranche(c"dedup expired".as_ptr())).lock
+        );
+        (*ring).blocks = blocks;
+        (*ring).capacity = capacity(blocks);
+    }
+    RING = ring;
+    BITS = bits;
+    if !pg_sys::IsUnderPostmaster {
+        pg_sys::on_shmem_exit(Some(file::write_at_exit), pg_sys::Datum::from(0));
+    }
+    !found
+}
+
+/// Read the file the last clean shutdown wrote (from the postmaster, once the ring is new).
+pub(crate) fn load() {
+    if let Some(ring) = ring() {
+        // SAFETY: in the postmaster before any backend exists: nothing else touches the ring.
+        unsafe { file::read(ring) }
+    }
+}
+
+/// The ring, when it exists (preloaded, `dedup.expired_memory` > 0).
+fn ring() -> Option<&'static Ring> {
+    // SAFETY: RING is written only in attach(), in the postmaster before any backend is
+    // forked (or in a child before it runs anything); read by value. The Ring's plain
+    // fields (lock, blocks, capacity) are written only before it is published; the rest are
+    // atomics.
+    unsafe {
+        let r = std::ptr::addr_of!(RING).read();
+        (!r.is_null()).then(|| &*r)
+    }
+}
+
+impl Ring {
+    /// The words of block `block` of slot `slot`.
+    fn block(&self, slot: usize, block: u64) -> &[AtomicU64; BLOCK_WORDS] {
+        debug_assert!(slot < SLOTS && block < self.blocks);
+        // SAFETY: BITS points to SLOTS * blocks blocks of BLOCK_WORDS atomics in shared
+        // memory (attach()), and the index is inside them.
+        unsafe {
+            let at = (slot as u64 * self.blocks + block) as usize * BLOCK_WORDS;
+            &*std::ptr::addr_of!(BITS)
+                .read()
+                .add(at)
+                .cast::<[AtomicU64; BLOCK_WORDS]>()
+        }
+    }
+
+    /// Slot `i`'s bits, as one slice (for emptying, saving and loading).
+    fn slot_words(&self, i: usize) -> &[AtomicU64] {
+        // SAFETY: as block().
+        unsafe {
+            let n = self.blocks as usize * BLOCK_WORDS;
+            std::slice::from_raw_parts(std::ptr::addr_of!(BITS).read().add(i * n), n)
+        }
+    }
+}
+
+/// The look-back, microseconds: `dedup.expired_lookback`, or `dedup.retention` (-1).
+fn lookback() -> i64 {
+    let s = guc::EXPIRED_LOOKBACK.get();
+    let s = if s < 0 { guc::RETENTION.get() } else { s };
+    i64::from(s.max(1)) * 1_000_000
+}
+
+/// The key's hash: PostgreSQL's hash_bytes_extended (the hash of hash partitioning, the same
+/// on every platform and version) of the job id, seeded with that of the scope, seeded with
+/// the database.
+fn key_hash(db: pg_sys::Oid, scope: &str, job_id: &str) -> u64 {
+    // SAFETY: hash_bytes_extended reads `len` bytes at `k` and computes; no ERROR.
+    unsafe {
+        let s = unguarded::hash_bytes_extended(
+            scope.as_ptr(),
+            scope.len() as i32,
+            u64::from(u32::from(db)),
+        );
+        unguarded::hash_bytes_extended(job_id.as_ptr(), job_id.len() as i32, s)
+    }
+}
+
+mod unguarded {
+    extern "C" {
+        // SAFETY: common/hashfn.h of PostgreSQL 12 and later; computes only, no ereport.
+        pub fn hash_bytes_extended(k: *const u8, keylen: i32, seed: u64) -> u64;
+    }
+}
+
+/// The block of `h` in a slot of `blocks` blocks, and the bit to set in each of its words.
+#[inline]
+fn place(h: u64, blocks: u64) -> (u64, [u64; BLOCK_WORDS]) {
+    let block = ((h >> 32) * blocks) >> 32;
+    // splitmix64's finaliser: the bits within the block from all of h.
+    let mut z = h.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (
+        block,
+        std::array::from_fn(|i| 1u64 << ((z >> (6 * i)) & 63)),
+    )
+}
+
+impl Slot {
+    fn holds_db(&self, db: u32) -> bool {
+        self.db_mask.load(Ordering::Relaxed) & (1u64 << (db % 64)) != 0
+            && (self.more_dbs.load(Ordering::Relaxed) != 0
+                || self.dbs.iter().any(|d| d.load(Ordering::Relaxed) == db))
+    }
+}
+
+/// When a claim that returned true for `scope` and `job_id` is a copy of a job whose claim
+/// was pruned within the look-back: how long after the claim expired, at most (microseconds:
+/// from the earliest expiry its summary holds to now). A new job: None, but for the
+/// summaries' false positives.
+pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
+    let ring = ring()?;
+    if !guc::TRACK_STATS.get() {
+        return None;
+    }
+    // SAFETY: plain reads of a backend global and of the transaction's start time.
+    let (db, now) = unsafe {
+        (
+            u32::from(pg_sys::MyDatabaseId),
+            pg_sys::GetCurrentTransactionStartTimestamp(),
+        )
+    };
+    let oldest = now - lookback();
+    let current = ring.current.load(Ordering::Acquire) as usize;
+    let mut hash = None;
+    // The newest first: the hit nearest in time is the one reported.
+    for i in 0..SLOTS {
+        let n = (current + SLOTS - i) % SLOTS;
+        let slot = &ring.slots[n];
+        if slot.keys.load(Ordering::Acquire) == 0
+            || slot.last_at.load(Ordering::Relaxed) < oldest
+            || !slot.holds_db(db)
+        {
+            continue;
+        }
+        let h = *hash.get_or_insert_with(|| key_hash(pg_sys::Oid::from(db), scope, job_id));
+        let (block, bits) = place(h, ring.blocks);
+        let words = ring.block(n, block);
+        if words
+            .iter()
+            .zip(bits)
+            .all(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
+        {
+            return Some((now - slot.min_expiry.load(Ordering::Relaxed)).max(0));
+        }
+    }
+    None
+}
+
+/// Count a claim that returned true for a job whose claim had expired (see
+/// [`expired_after`]).
+pub fn check(scope: &str, job_id: &str) {
+    if let Some(after) = expired_after(scope, job_id) {
+        crate::stats::count(scope, crate::stats::Event::ExpiredDuplicate { after });
+    }
+}
+
+/// Remember the claims the prune pass deleted in this database: (scope, job id, when the
+/// claim expired, microseconds since 2000).
+pub fn remember(pruned: &[(String, String, i64)]) {
+    let Some(ring) = ring() else {
+        return;
+    };
+    if pruned.is_empty() {
+        return;
+    }
+    // SAFETY: plain reads; LWLockAcquire raises an ERROR only when too many LWLocks are
+    // held (then the abort releases it); nothing between it and the release raises one.
+    unsafe {
+        let db = u32::from(pg_sys::MyDatabaseId);
+        let now = pg_sys::GetCurrentTimestamp();
+        pg_sys::LWLockAcquire(ring.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let n = rotate_if_due(ring, now);
+        let slot = &ring.slots[n];
+        add_db(slot, db);
+        let mut kept = slot.keys.load(Ordering::Relaxed);
+        for (scope, job_id, expiry) in pruned {
+            slot.min_expiry.fetch_min(*expiry, Ordering::Relaxed);
+            slot.max_expiry.fetch_max(*expiry, Ordering::Relaxed);
+            if kept >= ring.capacity {
+                slot.not_kept.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let (block, bits) = place(key_hash(pg_sys::Oid::from(db), scope, job_id), ring.blocks);
+            for (w, b) in ring.block(n, block).iter().zip(bits) {
+                w.fetch_or(b, Ordering::Relaxed);
+            }
+            kept += 1;
+        }
+        slot.last_at.store(now, Ordering::Relaxed);
+        // Release: a claim that sees the count sees the bits.
+        slot.keys.store(kept, Ordering::Release);
+        pg_sys::LWLockRelease(ring.lock);
+    }
+}
+
+/// The current slot, after making the next one current if the current one has taken keys
+/// for a width (call with the ring's lock held exclusively).
+fn rotate_if_due(ring: &Ring, now: i64) -> usize {
+    let width = lookback() / (SLOTS as i64 - 1);
+    let current = ring.current.load(Ordering::Relaxed) as usize;
+    let slot = &ring.slots[current];
+    let started = slot.started.load(Ordering::Relaxed);
+    if started == 0 {
+        start(slot, now);
+        return current;
+    }
+    if now < started + width {
+        return current;
+    }
+    slot.sealed.store(now, Ordering::Relaxed);
+    let next = (current + 1) % SLOTS;
+    let s = &ring.slots[next];
+    // Emptied before it is current: claims looking meanwhile see no keys (a copy pruned
+    // more than the look-back ago is missed, never a new job counted).
+    s.keys.store(0, Ordering::Release);
+    for w in ring.slot_words(next) {
+        w.store(0, Ordering::Relaxed);
+    }
+    start(s, now);
+    ring.current.store(next as u32, Ordering::Release);
+    next
+}
+
+fn start(s: &Slot, now: i64) {
+    s.started.store(now, Ordering::Relaxed);
+    s.last_at.store(now, Ordering::Relaxed);
+    s.sealed.store(0, Ordering::Relaxed);
+    s.not_kept.store(0, Ordering::Relaxed);
+    s.min_expiry.store(i64::MAX, Ordering::Relaxed);
+    s.max_expiry.store(i64::MIN, Ordering::Relaxed);
+    s.db_mask.store(0, Ordering::Relaxed);
+    for d in &s.dbs {
+        d.store(0, Ordering::Relaxed);
+    }
+    s.more_dbs.store(0, Ordering::Relaxed);
+}
+
+fn add_db(s: &Slot, db: u32) {
+    if s.dbs.iter().any(|d| d.load(Ordering::Relaxed) == db) {
+        return;
+    }
+    match s.dbs.iter().find(|d| d.load(Ordering::Relaxed) == 0) {
+        Some(free) => free.store(db, Ordering::Relaxed),
+        None => s.more_dbs.store(1, Ordering::Relaxed),
+    }
+    s.db_mask.fetch_or(1u64 << (db % 64), Ordering::Relaxed);
+}
+
+/// The databases the summaries hold keys of (for the launcher's check for dropped ones).
+pub fn databases() -> Vec<pg_sys::Oid> {
+    let Some(ring) = ring() else {
+        return Vec::new();
+    };
+    let mut dbs: Vec<u32> = ring
+        .slots
+        .iter()
+        .flat_map(|s| s.dbs.iter().map(|d| d.load(Ordering::Relaxed)))
+        .filter(|d| *d != 0)
+        .collect();
+    dbs.sort_unstable();
+    dbs.dedup();
+    dbs.into_iter().map(pg_sys::Oid::from).collect()
+}
+
+/// Take the dropped databases `gone` off every slot's list: their keys are never looked up
+/// again (a slot that holds more than DBS databases keeps answering for every one until it
+/// is emptied). Returns how many lists changed.
+pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
+    let Some(ring) = ring() else {
+        return 0;
+    };
+    if gone.is_empty() {
+        return 0;
+    }
+    let gone: Vec<u32> = gone.iter().map(|d| u32::from(*d)).collect();
+    // SAFETY: the lock is held exclusively while the lists change; nothing in between
+    // raises an ERROR.
+    unsafe {
+        pg_sys::LWLockAcquire(ring.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let mut n = 0;
+        for s in &ring.slots {
+            let mut changed = false;
+            for d in &s.dbs {
+                if gone.contains(&d.load(Ordering::Relaxed)) {
+                    d.store(0, Ordering::Relaxed);
+                    changed = true;
+                }
+            }
+            if changed {
+                let mask = s
+                    .dbs
+                    .iter()
+                    .map(|d| d.load(Ordering::Relaxed))
+                    .filter(|d| *d != 0)
+                    .fold(0u64, |m, d| m | 1u64 << (d % 64));
+                s.db_mask.store(
+                    if s.more_dbs.load(Ordering::Relaxed) != 0 {
+                        u64::MAX
+                    } else {
+                        mask
+                    },
+                    Ordering::Relaxed,
+                );
+                n += 1;
+            }
+        }
+        pg_sys::LWLockRelease(ring.lock);
+        n
+    }
+}
+
+fn time(us: i64) -> Option<TimestampWithTimeZone> {
+    (us != 0 && us != i64::MAX && us != i64::MIN)
+        .then(|| TimestampWithTimeZone::try_from(us).ok())
+        .flatten()
+}
+
+/// `dedup.expired_summaries()`: the summaries of pruned claims, newest first.
+#[pg_extern(volatile, parallel_restricted)]
+#[allow(clippy::type_complexity)]
+pub(crate) fn expired_summaries() -> TableIterator<
+    'static,
+    (
+        name!(slot, i32),
+        name!(current, bool),
+        name!(started, Option<TimestampWithTimeZone>),
+        name!(last_pruned_at, Option<TimestampWithTimeZone>),
+        name!(in_lookback, bool),
+        name!(keys, i64),
+        name!(not_kept, i64),
+        name!(capacity, i64),
+        name!(expired_from, Option<TimestampWithTimeZone>),
+        name!(expired_until, Option<TimestampWithTimeZone>),
+        name!(databases, Vec<pg_sys::Oid>),
+        name!(false_positive_rate, f64),
+    ),
+> {
+    let Some(ring) = ring() else {
+        crate::stats::sql::warn_not_preloaded("dedup.expired_summaries");
+        return TableIterator::new(Vec::new());
+    };
+    // SAFETY: reads the transaction's start time.
+    let now = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    let current = ring.current.load(Ordering::Acquire) as usize;
+    let rows: Vec<_> = (0..SLOTS)
+        .map(|i| (current + SLOTS - i) % SLOTS)
+        .filter(|n| ring.slots[*n].started.load(Ordering::Relaxed) != 0)
+        .map(|n| {
+            let s = &ring.slots[n];
+            let keys = s.keys.load(Ordering::Acquire);
+            let mut dbs: Vec<pg_sys::Oid> = s
+                .dbs
+                .iter()
+                .map(|d| d.load(Ordering::Relaxed))
+                .filter(|d| *d != 0)
+                .map(pg_sys::Oid::from)
+                .collect();
+            dbs.sort_unstable_by_key(|d| u32::from(*d));
+            (
+                n as i32,
+                n == current,
+                time(s.started.load(Ordering::Relaxed)),
+                time(s.last_at.load(Ordering::Relaxed)),
+                s.last_at.load(Ordering::Relaxed) >= now - lookback(),
+                keys as i64,
+                s.not_kept.load(Ordering::Relaxed) as i64,
+                ring.capacity as i64,
+                time(s.min_expiry.load(Ordering::Relaxed)),
+                time(s.max_expiry.load(Ordering::Relaxed)),
+                dbs,
+                false_positive_rate(keys, ring.blocks),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+
+    /// About 16 bits a key hold the rate at SLOT_FPR, and the rate grows with the keys.
+    #[pg_test]
+    fn a_slot_takes_keys_up_to_its_false_positive_rate() {
+        let blocks = 16_384;
+        let cap = capacity(blocks);
+        assert!(false_positive_rate(cap, blocks) <= SLOT_FPR);
+        assert!(false_positive_rate(cap + 1000, blocks) > SLOT_FPR);
+        let bits_per_key = (blocks * 512) as f64 / cap as f64;
+        assert!((15.0..17.0).contains(&bits_per_key), "{bits_per_key}");
+        assert_eq!(false_positive_rate(0, blocks), 0.0);
+    }
+
+    /// The model agrees with a filter filled with random keys: the share of other random
+    /// keys it finds is the rate it states, within sampling error.
+    #[pg_test]
+    fn the_stated_rate_is_the_measured_one() {
+        let blocks = 1024u64;
+        let keys = capacity(blocks) * 4; // a rate of a few percent, measurable quickly
+        let mut words = vec![0u64; blocks as usize * BLOCK_WORDS];
+        let db = pg_sys::Oid::from(1u32);
+        for k in 0..keys {
+            let (b, bits) = place(key_hash(db, "s", &format!("in-{k}")), blocks);
+            for (i, bit) in bits.iter().enumerate() {
+                words[b as usize * BLOCK_WORDS + i] |= bit;
+            }
+        }
+        let trials = 200_000;
+        let hits = (0..trials)
+            .filter(|k| {
+                let (b, bits) = place(key_hash(db, "s", &format!("out-{k}")), blocks);
+                bits.iter()
+                    .enumerate()
+                    .all(|(i, bit)| words[b as usize * BLOCK_WORDS + i] & bit != 0)
+            })
+            .count();
+        let measured = hits as f64 / trials as f64;
+        let stated = false_positive_rate(keys, blocks);
+        assert!(
+            (measured - stated).abs() < stated * 0.15,
+            "measured {measured}, stated {stated}"
+        );
+    }
+}
