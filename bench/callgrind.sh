@@ -5,6 +5,7 @@
 # set-up and warm-up; the set-up alone is subtracted.
 # EXTRA_SETUP: one more line of SQL for the set-up (e.g. an index to compare).
 # PRELOAD=1: start the server with shared_preload_libraries = 'dedup' (the counters).
+# SERVER_OPTS: more -c options for the server (e.g. "-c dedup.expired_memory=0").
 # Needs valgrind and the extension installed (scripts/bench.sh does that); run as root
 # (the server runs as postgres) or as a user that may run postgres.
 set -euo pipefail
@@ -41,7 +42,7 @@ as_pg "$bindir/initdb" -D "$dir/pristine" -A trust --no-sync >/dev/null
 count() {
     rm -rf "$dir/data" && as_pg cp -a "$dir/pristine" "$dir/data"
     cat "$dir/setup.sql" "$dir/$1.sql" | as_pg valgrind --tool=callgrind --callgrind-out-file="$dir/cg.$1" \
-        "$bindir/postgres" --single -D "$dir/data" -c synchronous_commit=off ${PRELOAD:+-c shared_preload_libraries=dedup} postgres >"$dir/$1.log" 2>&1
+        "$bindir/postgres" --single -D "$dir/data" -c synchronous_commit=off ${PRELOAD:+-c shared_preload_libraries=dedup} ${SERVER_OPTS:-} postgres >"$dir/$1.log" 2>&1
     sed -n 's/^totals: //p' "$dir/cg.$1"
 }
 base=$(count none)

@@ -196,8 +196,8 @@ pub(crate) fn claim_checked(
         unsafe { insert_claim(scope, job_id, fingerprint) }
     };
     count(scope, &outcome, started);
-    // A copy of a job whose claim was pruned (not through Citus: the claims are pruned on
-    // the nodes that hold the shards, and their summaries are there).
+    // A copy of a job whose claim was pruned (not through Citus: its claims are pruned on
+    // the nodes that hold the shards, where the claim is not made, so they are not kept).
     if outcome == Outcome::Claimed && route != citus::Route::Citus {
         crate::expired::check(scope, job_id);
     }

@@ -305,6 +305,20 @@ pub fn warn_horizon_too_old(what: &str) {
     .report(PgLogLevel::WARNING);
 }
 
+/// The library is preloaded but `dedup.expired_memory` is 0: no summaries of pruned claims.
+pub fn expired_memory_off(func: &str) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("{func}: dedup.expired_memory is 0: pruned claims are not remembered"),
+        "dedup",
+    )
+    .set_detail("Copies that run again after their claim expired are not counted.")
+    .set_hint(
+        "Set dedup.expired_memory (8MB by default) in postgresql.conf and restart the server.",
+    )
+    .report(PgLogLevel::WARNING);
+}
+
 /// `dedup.processed` is a Citus table, but not one distributed by job_id.
 pub fn not_hash_distributed(partmethod: &str) -> ! {
     raise(

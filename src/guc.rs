@@ -165,7 +165,7 @@ pub fn init() {
     }
     GucRegistry::define_int_guc(
         c"dedup.expired_lookback",
-        c"How long the summaries remember a pruned claim, at least (-1: dedup.retention).",
+        c"How long the summaries remember a pruned claim, at least (-1: dedup.retention; 0: not at all).",
         c"A claim that returns true for a job whose claim was pruned within this time is counted \
           in dedup.stats as an expired duplicate. A key is remembered at most a seventh more. \
           Needs shared_preload_libraries = 'dedup'.",
@@ -223,7 +223,7 @@ fn define_expired_memory() {
         c"dedup.expired_memory",
         c"Shared memory for the summaries of pruned claims, which count copies that ran again after their claim expired (0: off).",
         c"Eight Bloom filters; each takes about 16 bits per pruned claim before it stops taking \
-          more (a false-positive rate of 0.1% each). Size it at 2.3 bytes per claim pruned in \
+          more (at a false-positive rate of 0.1% each). Size it at 2.3 bytes per claim pruned in \
           dedup.expired_lookback. Needs shared_preload_libraries = 'dedup'.",
         &EXPIRED_MEMORY,
         0,

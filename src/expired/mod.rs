@@ -27,9 +27,11 @@
 //! holds keys of (at most [`DBS`]; past that, every database looks in it): a claim looks
 //! only in the slots of its own database, and a dropped database is taken off every list,
 //! so its keys are never looked up again. The ring is written to
-//! `pg_stat/dedup_expired.stat` at a clean shutdown and read back at start (checksummed; a
-//! torn or altered file, or one of another size, is refused whole); after a crash, the
-//! keys pruned since the last clean start are forgotten.
+//! `pg_stat/dedup_expired.stat` when the postmaster exits normally (a clean or an
+//! immediate stop: every backend is gone, and a key a killed backend was adding is at worst
+//! half set, never found) and read back, then removed, at start (checksummed; a torn or
+//! altered file, or one of another size, is refused whole). After a crash that makes the
+//! postmaster reinitialise shared memory, the summaries start empty.
 use crate::guc;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -235,11 +237,12 @@ impl Ring {
     }
 }
 
-/// The look-back, microseconds: `dedup.expired_lookback`, or `dedup.retention` (-1).
+/// The look-back, microseconds: `dedup.expired_lookback`, or `dedup.retention` (-1); 0:
+/// nothing is remembered (or looked up).
 fn lookback() -> i64 {
     let s = guc::EXPIRED_LOOKBACK.get();
     let s = if s < 0 { guc::RETENTION.get() } else { s };
-    i64::from(s.max(1)) * 1_000_000
+    i64::from(s.max(0)) * 1_000_000
 }
 
 /// The key's hash: PostgreSQL's hash_bytes_extended (the hash of hash partitioning, the same
@@ -258,9 +261,13 @@ fn key_hash(db: pg_sys::Oid, scope: &str, job_id: &str) -> u64 {
 }
 
 mod unguarded {
+    use pgrx::pg_sys;
     extern "C" {
         // SAFETY: common/hashfn.h of PostgreSQL 12 and later; computes only, no ereport.
         pub fn hash_bytes_extended(k: *const u8, keylen: i32, seed: u64) -> u64;
+        // SAFETY: access/xact.h, the same prototype from PostgreSQL 13 to 18; returns a
+        // backend global, no ereport.
+        pub fn GetCurrentTransactionStartTimestamp() -> pg_sys::TimestampTz;
     }
 }
 
@@ -293,27 +300,26 @@ impl Slot {
 /// summaries' false positives.
 pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
     let ring = ring()?;
-    if !guc::TRACK_STATS.get() {
+    if !guc::TRACK_STATS.get() || guc::EXPIRED_LOOKBACK.get() == 0 {
         return None;
     }
-    // SAFETY: plain reads of a backend global and of the transaction's start time.
-    let (db, now) = unsafe {
-        (
-            u32::from(pg_sys::MyDatabaseId),
-            pg_sys::GetCurrentTransactionStartTimestamp(),
-        )
-    };
-    let oldest = now - lookback();
+    // SAFETY: a plain read of a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    // SAFETY: GetCurrentTransactionStartTimestamp returns a backend global (no ERROR), so
+    // it is called without pgrx's guard, which costs more than the rest of a miss.
+    let now = || unsafe { unguarded::GetCurrentTransactionStartTimestamp() };
+    let mut oldest = None;
     let current = ring.current.load(Ordering::Acquire) as usize;
     let mut hash = None;
     // The newest first: the hit nearest in time is the one reported.
     for i in 0..SLOTS {
         let n = (current + SLOTS - i) % SLOTS;
         let slot = &ring.slots[n];
-        if slot.keys.load(Ordering::Acquire) == 0
-            || slot.last_at.load(Ordering::Relaxed) < oldest
-            || !slot.holds_db(db)
-        {
+        if slot.keys.load(Ordering::Acquire) == 0 || !slot.holds_db(db) {
+            continue;
+        }
+        let oldest = *oldest.get_or_insert_with(|| now() - lookback());
+        if slot.last_at.load(Ordering::Relaxed) < oldest {
             continue;
         }
         let h = *hash.get_or_insert_with(|| key_hash(pg_sys::Oid::from(db), scope, job_id));
@@ -324,7 +330,7 @@ pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
             .zip(bits)
             .all(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
         {
-            return Some((now - slot.min_expiry.load(Ordering::Relaxed)).max(0));
+            return Some((now() - slot.min_expiry.load(Ordering::Relaxed)).max(0));
         }
     }
     None
@@ -344,7 +350,7 @@ pub fn remember(pruned: &[(String, String, i64)]) {
     let Some(ring) = ring() else {
         return;
     };
-    if pruned.is_empty() {
+    if pruned.is_empty() || lookback() == 0 {
         return;
     }
     // SAFETY: plain reads; LWLockAcquire raises an ERROR only when too many LWLocks are
@@ -520,7 +526,11 @@ pub(crate) fn expired_summaries() -> TableIterator<
     ),
 > {
     let Some(ring) = ring() else {
-        crate::stats::sql::warn_not_preloaded("dedup.expired_summaries");
+        if crate::stats::available() {
+            crate::error::expired_memory_off("dedup.expired_summaries");
+        } else {
+            crate::stats::sql::warn_not_preloaded("dedup.expired_summaries");
+        }
         return TableIterator::new(Vec::new());
     };
     // SAFETY: reads the transaction's start time.

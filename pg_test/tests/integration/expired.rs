@@ -372,3 +372,36 @@ impl Pair for tokio_postgres::Row {
         (self.get(0), self.get(1))
     }
 }
+
+/// With `dedup.expired_memory = 0` nothing is remembered: copies of pruned claims are not
+/// counted, and `dedup.expired_summaries()` says why (a WARNING naming the setting, not the
+/// preloading the server has).
+pub async fn without_memory_nothing_is_remembered_and_the_summaries_say_why(
+    _ctx: Ctx,
+) -> Result<()> {
+    let cluster = Cluster::start(preloaded("expired-off").set("dedup.expired_memory", "0"))?;
+    cluster.create_db_with_extension("app")?;
+    let admin = as_consumer(&cluster, "app", "admin").await?;
+    ensure_eq(
+        claim_and_prune(&admin, "short", "old", 10).await?,
+        10,
+        "claims pruned",
+    )?;
+    claim_all(&admin, "short", &ids("old", 1, 10)).await?;
+    ensure_eq(
+        expired(&admin, "short", "admin").await?.0,
+        0,
+        "copies counted with no memory",
+    )?;
+    admin.take_notices();
+    let rows = admin
+        .query("SELECT * FROM dedup.expired_summaries()", &[])
+        .await?;
+    ensure_eq(rows.len(), 0, "summaries")?;
+    let warned = admin
+        .take_notices()
+        .iter()
+        .any(|n| n.severity() == "WARNING" && n.message().contains("dedup.expired_memory is 0"));
+    ensure_eq(warned, true, "a WARNING naming dedup.expired_memory")?;
+    Ok(())
+}
