@@ -292,11 +292,39 @@ pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
     let c = as_consumer(&cluster, "app", "exporter-test").await?;
     c.batch_execute("SELECT dedup.try_claim('a'); SELECT dedup.try_claim('a');")
         .await?;
+    // A copy that ran again after its claim expired, in a scope of 2 seconds' retention:
+    // claimed, pruned (a first prune marks the horizon, the second deletes), claimed again.
+    // (Each statement a transaction of its own.)
+    for sql in [
+        "SELECT dedup.set_retention('short', '2 seconds')",
+        "SELECT dedup.try_claim('b', 'short')",
+        "SELECT dedup.prune('short')",
+        "SELECT pg_sleep(3.5)",
+        "SELECT dedup.prune('short')",
+        "SELECT dedup.try_claim('b', 'short')",
+    ] {
+        c.batch_execute(sql).await?;
+    }
     c.batch_execute("CREATE ROLE exporter LOGIN; GRANT pg_monitor TO exporter;")
         .await?;
     let exporter = connect(&format!("{} user=exporter", cluster.dsn("app"))).await?;
-    let rows = exporter.query(query, &[]).await?;
-    ensure_eq(rows.len(), 1, "rows the exporter reads")?;
+    let mut rows = exporter.query(query, &[]).await?;
+    ensure_eq(rows.len(), 2, "rows the exporter reads")?;
+    let short = rows.remove(
+        rows.iter()
+            .position(|r| r.get::<_, String>("scope") == "short")
+            .unwrap_or(0),
+    );
+    let (expired, suggested): (i64, f64) = (
+        short.get("expired_duplicates_total"),
+        short.get("suggested_retention_seconds"),
+    );
+    // 2 s and the time past it, half again, rounded up to a minute.
+    ensure_eq(
+        (expired, suggested),
+        (1, 60.0),
+        "the expired duplicate and the suggestion",
+    )?;
     let (claims, duplicates): (i64, i64) =
         (rows[0].get("claims_total"), rows[0].get("duplicates_total"));
     ensure_eq((claims, duplicates), (1, 1), "exported counters")?;
@@ -316,6 +344,9 @@ pub async fn exporter_query_runs(_ctx: Ctx) -> Result<()> {
         "dedup_busy_total",
         "dedup_claims_total",
         "dedup_late_duplicates_total",
+        "dedup_expired_duplicates_total",
+        "dedup_suggested_retention_seconds",
+        "dedup_expired_duplicate_after_max_seconds",
     ] {
         if !alerts.contains(metric) || !text.contains(metric.trim_start_matches("dedup_")) {
             bail!("{metric} is not both exported and alerted on");
