@@ -63,7 +63,8 @@ if [ "$profile" != build ]; then
     pkgs+=(libkrb5-dev unzip redis-server)
 fi
 if [ "$profile" = all ]; then
-    pkgs+=(sudo postgresql-15 postgresql-contrib postgresql-server-dev-15 postgresql-15-cron flex)
+    # prometheus: promtool, which checks monitoring/alerts.yml
+    pkgs+=(sudo postgresql-15 postgresql-contrib postgresql-server-dev-15 postgresql-15-cron flex prometheus)
 fi
 # shellcheck disable=SC2206
 pkgs+=(${DEDUP_EXTRA_PKGS:-})

@@ -38,6 +38,8 @@ cargo build --quiet -p dedup-pg-test --bins --tests
 cargo test --quiet -p dedup-pg-test --lib   # the doctest parser (pg_test/src/doctest.rs)
 cargo test --quiet -p dedup-pg-test --test scripts   # what a new machine runs first (pg_test/tests/scripts.rs)
 python3 scripts/test_sql_tools.py   # the SQL reading of scripts/portable.py and scripts/upgrade-script.py
+promtool check rules monitoring/alerts.yml >/dev/null   # the alerting rules parse
+promtool test rules monitoring/alerts_test.yml >/dev/null   # and the expired-duplicate alert fires with its text
 
 started=$(date +%s)
 # The majors tested before this one, dedup of this build installed in each: the integration
