@@ -247,16 +247,41 @@ fn lookback() -> i64 {
 
 /// The key's hash: PostgreSQL's hash_bytes_extended (the hash of hash partitioning, the same
 /// on every platform and version) of the job id, seeded with that of the scope, seeded with
-/// the database.
+/// the database (the tests' short way to it).
+#[cfg(any(test, feature = "pg_test"))]
 fn key_hash(db: pg_sys::Oid, scope: &str, job_id: &str) -> u64 {
+    job_hash(scope_seed(db, scope), job_id)
+}
+
+/// The seed of a scope's job ids: the hash of the scope, seeded with the database.
+fn scope_seed(db: pg_sys::Oid, scope: &str) -> u64 {
     // SAFETY: hash_bytes_extended reads `len` bytes at `k` and computes; no ERROR.
     unsafe {
-        let s = unguarded::hash_bytes_extended(
-            scope.as_ptr(),
-            scope.len() as i32,
-            u64::from(u32::from(db)),
-        );
-        unguarded::hash_bytes_extended(job_id.as_ptr(), job_id.len() as i32, s)
+        unguarded::hash_bytes_extended(scope.as_ptr(), scope.len() as i32, u64::from(u32::from(db)))
+    }
+}
+
+fn job_hash(seed: u64, job_id: &str) -> u64 {
+    // SAFETY: as scope_seed.
+    unsafe { unguarded::hash_bytes_extended(job_id.as_ptr(), job_id.len() as i32, seed) }
+}
+
+/// Backend-local: the last scope a claim looked up, its database and seed (a consumer
+/// claims in one scope, mostly: one hash a claim instead of two).
+static mut LAST_SEED: Option<(u32, String, u64)> = None;
+
+/// [`scope_seed`], from [`LAST_SEED`] when it is the same scope.
+fn cached_seed(db: u32, scope: &str) -> u64 {
+    // SAFETY: backend-local, on the main thread; the &mut is the only reference while it
+    // lives (nothing here calls back into this module).
+    let last = unsafe { &mut *std::ptr::addr_of_mut!(LAST_SEED) };
+    match last {
+        Some((d, s, seed)) if *d == db && s == scope => *seed,
+        _ => {
+            let seed = scope_seed(pg_sys::Oid::from(db), scope);
+            *last = Some((db, scope.to_string(), seed));
+            seed
+        }
     }
 }
 
@@ -322,7 +347,7 @@ pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
         if slot.last_at.load(Ordering::Relaxed) < oldest {
             continue;
         }
-        let h = *hash.get_or_insert_with(|| key_hash(pg_sys::Oid::from(db), scope, job_id));
+        let h = *hash.get_or_insert_with(|| job_hash(cached_seed(db, scope), job_id));
         let (block, bits) = place(h, ring.blocks);
         let words = ring.block(n, block);
         if words
@@ -363,6 +388,7 @@ pub fn remember(pruned: &[(String, String, i64)]) {
         let slot = &ring.slots[n];
         add_db(slot, db);
         let mut kept = slot.keys.load(Ordering::Relaxed);
+        let mut seed: Option<(&str, u64)> = None;
         for (scope, job_id, expiry) in pruned {
             slot.min_expiry.fetch_min(*expiry, Ordering::Relaxed);
             slot.max_expiry.fetch_max(*expiry, Ordering::Relaxed);
@@ -370,7 +396,15 @@ pub fn remember(pruned: &[(String, String, i64)]) {
                 slot.not_kept.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let (block, bits) = place(key_hash(pg_sys::Oid::from(db), scope, job_id), ring.blocks);
+            let seed = match seed {
+                Some((s, v)) if s == scope.as_str() => v,
+                _ => {
+                    let v = scope_seed(pg_sys::Oid::from(db), scope);
+                    seed = Some((scope.as_str(), v));
+                    v
+                }
+            };
+            let (block, bits) = place(job_hash(seed, job_id), ring.blocks);
             for (w, b) in ring.block(n, block).iter().zip(bits) {
                 w.fetch_or(b, Ordering::Relaxed);
             }
