@@ -15,6 +15,7 @@
 # Not run unless named in VARIANTS: bn and b2n, b and b2 as plain INSERTs (no ON CONFLICT:
 # no conflict check before the insert, no speculative insertion; right for new ids only),
 # what the claim would cost without INSERT ... ON CONFLICT's protocol.
+# EXTRA_SETUP: more SQL for the set-up (one statement a line); SERVER_OPTS: more -c options.
 # N: transactions per variant (300). VARIANTS: which ones ("a b b2 b3 c"). BATCH: ids per
 # transaction (100). PRELOAD=1: shared_preload_libraries = 'dedup' (the counters, as
 # scripts/bench.sh runs pgbench). KEEP=1 keeps the work directory (callgrind.out files
@@ -34,9 +35,9 @@ if [ -n "${KEEP:-}" ]; then DIFF=${DIFF-c:b2 c:b3 b3:b2 b2:b}; else DIFF=${DIFF-
 echo "# work directory $dir" >&2
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-python3 - "$dir" "$N" "$BATCH" "$VARIANTS" <<'PY'
+python3 - "$dir" "$N" "$BATCH" "$VARIANTS" "${EXTRA_SETUP:-}" <<'PY'
 import random, sys
-d, n, batch, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
+d, n, batch, variants, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5]
 random.seed(14)
 setup = """CREATE EXTENSION dedup;
 CREATE TABLE effects (job_id bigint NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
@@ -50,7 +51,7 @@ PREPARE b3(bigint[]) AS INSERT INTO dedup.processed (scope, job_id) SELECT 'defa
 PREPARE c(bigint[]) AS SELECT dedup.try_claim_many($1);
 PREPARE bn(bigint[]) AS INSERT INTO my_processed (job_id) SELECT unnest($1) RETURNING job_id;
 PREPARE b2n(bigint[]) AS INSERT INTO my_processed_text (scope, job_id) SELECT 'default', unnest($1)::text RETURNING job_id;
-"""
+""" + (extra + "\n" if extra else "")
 def txn(v, ids):
     arr = "'{" + ",".join(map(str, ids)) + "}'"
     claim = "" if v == "a" else f"EXECUTE {v}({arr});\n"
@@ -69,7 +70,7 @@ as_pg "$bindir/initdb" -D "$dir/pristine" -A trust --no-sync >/dev/null
 count() {
     rm -rf "$dir/data" && as_pg cp -a "$dir/pristine" "$dir/data"
     cat "$dir/setup.sql" "$dir/$1.sql" | as_pg valgrind --tool=callgrind --callgrind-out-file="$dir/cg.$1" \
-        "$bindir/postgres" --single -D "$dir/data" -c synchronous_commit=off ${PRELOAD:+-c shared_preload_libraries=dedup} postgres >"$dir/$1.log" 2>&1
+        "$bindir/postgres" --single -D "$dir/data" -c synchronous_commit=off ${PRELOAD:+-c shared_preload_libraries=dedup} ${SERVER_OPTS:-} postgres >"$dir/$1.log" 2>&1
     if grep -q "ERROR" "$dir/$1.log"; then echo "# $1: errors, see $dir/$1.log" >&2; grep -m3 ERROR "$dir/$1.log" >&2; fi
     sed -n 's/^totals: //p' "$dir/cg.$1"
 }
