@@ -31,7 +31,8 @@ CREATE VIEW dedup.stats AS
                  AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
                 THEN dedup.retention(c.scope) END AS retention,
            c.batches, c.advances,
-           c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max
+           c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max,
+           c.expired_duplicates_expected
       FROM dedup.stats_counters() AS c
       LEFT JOIN dedup._prune_status AS p
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
@@ -62,28 +63,34 @@ COMMENT ON FUNCTION dedup.stats_reset() IS
 
 -- The retention each scope of this database needs, from what was seen: the oldest claim a
 -- duplicate hit, and the copies that came after their claim expired (each at most
--- expired_duplicate_after_max past its scope's retention). Half again the latest copy
--- seen, rounded up to a minute, and never shorter than the retention in force: copies seen
--- so far are not the latest that can come.
+-- expired_duplicate_after_max past its scope's retention), when there are more of them than
+-- the summaries' false positives explain (expired_duplicates_expected, and four standard
+-- deviations of it): otherwise the time past expiry may be a false positive's. Half again
+-- the latest copy seen, rounded up to a minute, and never shorter than the retention in
+-- force: copies seen so far are not the latest that can come.
 CREATE FUNCTION dedup.suggest_retention(
     OUT scope pg_catalog.text, OUT retention pg_catalog.interval,
     OUT duplicate_age_max pg_catalog.interval, OUT expired_duplicates pg_catalog.int8,
+    OUT expired_duplicates_expected pg_catalog.float8,
     OUT expired_duplicate_after_max pg_catalog.interval, OUT latest_copy pg_catalog.interval,
     OUT suggested pg_catalog.interval)
 RETURNS SETOF record
-LANGUAGE sql STABLE PARALLEL RESTRICTED
+LANGUAGE sql VOLATILE PARALLEL RESTRICTED
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT g.scope, g.retention, g.duplicate_age_max, g.expired_duplicates,
+    SELECT g.scope, g.retention, g.duplicate_age_max, g.expired_duplicates, g.expected,
            g.expired_duplicate_after_max, g.latest_copy,
            GREATEST(g.retention,
                     make_interval(secs => ceil(extract(epoch FROM g.latest_copy) * 1.5 / 60) * 60))
       FROM (SELECT s.scope, dedup.retention(s.scope) AS retention,
                    max(s.duplicate_age_max) AS duplicate_age_max,
                    sum(s.expired_duplicates)::int8 AS expired_duplicates,
+                   sum(s.expired_duplicates_expected) AS expected,
                    max(s.expired_duplicate_after_max) AS expired_duplicate_after_max,
                    GREATEST(max(s.duplicate_age_max),
-                            CASE WHEN sum(s.expired_duplicates) > 0
+                            CASE WHEN sum(s.expired_duplicates) >
+                                      sum(s.expired_duplicates_expected)
+                                      + 4 * sqrt(sum(s.expired_duplicates_expected))
                                  THEN dedup.retention(s.scope) + max(s.expired_duplicate_after_max)
                             END) AS latest_copy
               FROM dedup.stats AS s
@@ -94,7 +101,7 @@ $$;
 REVOKE ALL ON FUNCTION dedup.suggest_retention() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dedup.suggest_retention() TO pg_monitor;
 COMMENT ON FUNCTION dedup.suggest_retention() IS
-    'Per scope of this database: the retention in force, the latest copies seen (duplicates before expiry, expired duplicates after), and a retention that would have caught them with half again as margin.';
+    'Per scope of this database: the retention in force, the latest copies seen (duplicates before expiry, expired duplicates after, when more than false positives explain), and a retention that would have caught them with half again as margin.';
 REVOKE ALL ON FUNCTION dedup.expired_summaries() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dedup.expired_summaries() TO pg_monitor;
 COMMENT ON FUNCTION dedup.expired_summaries() IS

@@ -114,13 +114,20 @@ fn claim_many(
                 claim::Outcome::FingerprintMismatch => mismatched.push(i),
                 _ => {}
             }
-            claim::count_at(scope, &outcome, started, ended);
+            claim::count_at(scope, &outcome, started, ended, Default::default());
         }
         if !claimed.is_empty() {
-            crate::stats::count(scope, crate::stats::Event::Claims(claimed.len() as u64));
+            let mut looked = crate::expired::Looked::default();
             for key in claimed_keys {
-                crate::expired::check(scope, key);
+                looked.add(crate::expired::look(scope, key));
             }
+            crate::stats::count(
+                scope,
+                crate::stats::Event::Claims {
+                    n: claimed.len() as u64,
+                    looked,
+                },
+            );
         }
     }
     claimed.sort_unstable();

@@ -195,32 +195,41 @@ pub(crate) fn claim_checked(
         // called us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
         unsafe { insert_claim(scope, job_id, fingerprint) }
     };
-    count(scope, &outcome, started);
-    // A copy of a job whose claim was pruned (not through Citus: its claims are pruned on
-    // the nodes that hold the shards, where the claim is not made, so they are not kept).
-    if outcome == Outcome::Claimed && route != citus::Route::Citus {
-        crate::expired::check(scope, job_id);
-    }
+    // A copy of a job whose claim was pruned? (Not through Citus: its claims are pruned on
+    // the nodes that hold the shards, where the claim is not made, so they are not kept.)
+    let looked = if outcome == Outcome::Claimed && route != citus::Route::Citus {
+        crate::expired::look(scope, job_id)
+    } else {
+        crate::expired::Looked::default()
+    };
+    count(scope, &outcome, started, looked);
     outcome
 }
 
 /// Count a claim's outcome in dedup.stats; `started` is the clock when the claim began
 /// (0: not counting), for the wait of a busy one.
-pub(crate) fn count(scope: &str, outcome: &Outcome, started: i64) {
+pub(crate) fn count(scope: &str, outcome: &Outcome, started: i64, looked: crate::expired::Looked) {
     let ended = if started > 0 && matches!(outcome, Outcome::Busy { .. }) {
         stats::clock_if_counting()
     } else {
         0
     };
-    count_at(scope, outcome, started, ended);
+    count_at(scope, outcome, started, ended, looked);
 }
 
-/// [`count`] with the clock at the claim's answer (`ended`) read already.
-pub(crate) fn count_at(scope: &str, outcome: &Outcome, started: i64, ended: i64) {
+/// [`count`] with the clock at the claim's answer (`ended`) read already; `looked`: what a
+/// claim that returned true found in the summaries of pruned claims.
+pub(crate) fn count_at(
+    scope: &str,
+    outcome: &Outcome,
+    started: i64,
+    ended: i64,
+    looked: crate::expired::Looked,
+) {
     stats::count(
         scope,
         match *outcome {
-            Outcome::Claimed => stats::Event::Claim,
+            Outcome::Claimed => stats::Event::Claims { n: 1, looked },
             Outcome::Duplicate { claimed_at } => stats::Event::Duplicate { claimed_at },
             Outcome::Busy { claimed_at } => stats::Event::Busy {
                 claimed_at,

@@ -153,6 +153,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     expired::restart_keeps_the_summaries_and_a_crash_or_damage_forgets_them,
     expired::a_dropped_databases_keys_are_forgotten,
     expired::without_memory_nothing_is_remembered_and_the_summaries_say_why,
+    expired::the_ring_turns_and_forgets_the_oldest,
     operations::duplicate_ages_late_copies_and_waits,
     operations::table_health_estimate_and_exact,
     operations::forget_removes_done_claims_with_an_audit_row,

@@ -26,7 +26,8 @@ RETURNS TABLE (
     advances               pg_catalog.int8,
     expired_duplicates     pg_catalog.int8,
     last_expired_duplicate_at pg_catalog.timestamptz,
-    expired_duplicate_after_max pg_catalog.interval)
+    expired_duplicate_after_max pg_catalog.interval,
+    expired_duplicates_expected pg_catalog.float8)
 LANGUAGE plpgsql STRICT VOLATILE PARALLEL RESTRICTED
 AS $$
 BEGIN

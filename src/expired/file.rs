@@ -10,10 +10,11 @@ const MAGIC: u32 = 0x4445_4458; // "DEDX"
 const VERSION: u32 = 1;
 
 // Layout (little-endian): magic, version, slots, databases per slot (u32 each); blocks per
-// slot, the current slot (u64 each); per slot, META values (u64 each); every slot's bits
-// (u64 words); then an FNV-1a 64-bit checksum of everything before it.
+// slot, the current slot, the secret, the automatic look-back (u64 each); per slot, META
+// values (u64 each); every slot's bits (u64 words); then an FNV-1a 64-bit checksum of
+// everything before it.
 const META: usize = 9 + DBS;
-const HEADER: usize = 4 * 4 + 2 * 8;
+const HEADER: usize = 4 * 4 + 4 * 8;
 
 fn meta(s: &Slot) -> [u64; META] {
     let mut m = [0u64; META];
@@ -57,7 +58,12 @@ pub(super) fn encode(ring: &Ring) -> Vec<u8> {
     for v in [MAGIC, VERSION, SLOTS as u32, DBS as u32] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    for v in [ring.blocks, u64::from(ring.current.load(Ordering::Relaxed))] {
+    for v in [
+        ring.blocks,
+        u64::from(ring.current.load(Ordering::Relaxed)),
+        ring.secret.load(Ordering::Relaxed),
+        ring.auto_lookback.load(Ordering::Relaxed) as u64,
+    ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for s in &ring.slots {
@@ -109,6 +115,26 @@ pub(super) fn check(data: &[u8], blocks: u64) -> Result<(), String> {
     if u64_at(24) as usize >= SLOTS {
         return Err("a current summary out of range".into());
     }
+    // What the summaries say of themselves must be what dedup writes: a file altered and
+    // sealed again must not make a look-up loop, overflow or count from nonsense.
+    const YEARS_300: i64 = 300 * 366 * 86_400 * 1_000_000;
+    let sane = |t: i64| (-YEARS_300..=YEARS_300).contains(&t);
+    let capacity = capacity(blocks);
+    for slot in 0..SLOTS {
+        let m = |i: usize| u64_at(HEADER + (slot * META + i) * 8);
+        let (started, last_at, keys) = (m(0) as i64, m(1) as i64, m(3));
+        let (min, max) = (m(5) as i64, m(6) as i64);
+        let ok = keys <= capacity
+            && sane(started)
+            && sane(last_at)
+            && (keys == 0 || (started > 0 && sane(min) && sane(max) && min <= max));
+        if !ok {
+            return Err(format!("summary {slot} holds values dedup does not write"));
+        }
+    }
+    if (u64_at(40) as i64) < 0 {
+        return Err("a negative look-back".into());
+    }
     Ok(())
 }
 
@@ -116,10 +142,17 @@ pub(super) fn check(data: &[u8], blocks: u64) -> Result<(), String> {
 fn decode(ring: &Ring, data: &[u8]) {
     let u64_at = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
     ring.current.store(u64_at(24) as u32, Ordering::Relaxed);
+    ring.secret.store(u64_at(32), Ordering::Relaxed);
+    ring.auto_lookback
+        .store(u64_at(40) as i64, Ordering::Relaxed);
     let mut at = HEADER;
     for s in &ring.slots {
         let m: Vec<u64> = (0..META).map(|i| u64_at(at + 8 * i)).collect();
         set_meta(s, &m);
+        s.fpr_ppb.store(
+            (false_positive_rate(m[3], ring.blocks) * 1e9).ceil() as u64,
+            Ordering::Relaxed,
+        );
         at += META * 8;
     }
     for i in 0..SLOTS {
@@ -151,7 +184,9 @@ pub(super) unsafe fn read(ring: &Ring) {
         }
     }
     // Read once: a crash later must not bring back summaries older than what it lost.
-    let _ = std::fs::remove_file(FILE);
+    if let Err(e) = std::fs::remove_file(FILE) {
+        log!("dedup: could not remove {FILE} after reading it: {e}");
+    }
 }
 
 /// # Safety

@@ -71,6 +71,12 @@ pub(crate) struct Slot {
     dbs: [AtomicU32; DBS],
     /// Set when more than DBS databases put keys in it.
     more_dbs: AtomicU32,
+    /// Odd while the slot is emptied and started again (a seqlock): a claim that found its
+    /// key checks the number did not change, so a hit in bits being emptied or refilled is
+    /// not counted.
+    seq: AtomicU64,
+    /// Its false-positive rate now, in billionths (set with its keys).
+    fpr_ppb: AtomicU64,
 }
 
 /// The shared ring; its bits follow it, block-aligned.
@@ -82,6 +88,12 @@ pub(crate) struct Ring {
     blocks: u64,
     /// Keys a slot takes (at SLOT_FPR).
     capacity: u64,
+    /// A random number of this server's, folded into every key's hash (kept in the file):
+    /// no role can choose job ids whose keys are another database's.
+    secret: AtomicU64,
+    /// With `dedup.expired_lookback = -1`: the longest retention of the database pruned
+    /// last (its `dedup.retention` or a scope's own), microseconds; 0 before any.
+    auto_lookback: AtomicI64,
     slots: [Slot; SLOTS],
 }
 
@@ -102,6 +114,11 @@ pub fn false_positive_rate(keys: u64, blocks: u64) -> f64 {
         return 0.0;
     }
     let lambda = keys as f64 / blocks as f64;
+    // Past 512 keys a block, every bit is set all but surely (and the sum below would be
+    // long): 1.
+    if lambda > 512.0 {
+        return 1.0;
+    }
     let mut p = (-lambda).exp();
     let mut sum = 0.0;
     let upper = (lambda * 4.0 + 60.0) as u64;
@@ -183,6 +200,12 @@ pub(crate) unsafe fn attach() -> bool {
         );
         (*ring).blocks = blocks;
         (*ring).capacity = capacity(blocks);
+        let mut secret = [0u8; 8];
+        // A random seed (pg_strong_random: the OS's; on its failure, the clock's bits).
+        if !pg_sys::pg_strong_random(secret.as_mut_ptr().cast(), secret.len()) {
+            secret = (pg_sys::GetCurrentTimestamp() as u64).to_le_bytes();
+        }
+        (*ring).secret = AtomicU64::new(u64::from_le_bytes(secret));
     }
     RING = ring;
     BITS = bits;
@@ -198,6 +221,11 @@ pub(crate) fn load() {
         // SAFETY: in the postmaster before any backend exists: nothing else touches the ring.
         unsafe { file::read(ring) }
     }
+}
+
+/// Are pruned claims remembered here (the ring exists and the look-back is not 0)?
+pub fn enabled() -> bool {
+    ring().is_some() && setting(&guc::EXPIRED_LOOKBACK) != 0
 }
 
 /// The ring, when it exists (preloaded, `dedup.expired_memory` > 0).
@@ -237,12 +265,18 @@ impl Ring {
     }
 }
 
-/// The look-back, microseconds: `dedup.expired_lookback`, or `dedup.retention` (-1); 0:
-/// nothing is remembered (or looked up).
-fn lookback() -> i64 {
+/// The look-back, microseconds: `dedup.expired_lookback`; with -1, the longest retention of
+/// the database pruned last (set by the prune pass), else `dedup.retention`; 0: nothing is
+/// remembered (or looked up).
+fn lookback(ring: &Ring) -> i64 {
     let s = setting(&guc::EXPIRED_LOOKBACK);
-    let s = if s < 0 { setting(&guc::RETENTION) } else { s };
-    i64::from(s.max(0)) * 1_000_000
+    if s >= 0 {
+        return i64::from(s) * 1_000_000;
+    }
+    match ring.auto_lookback.load(Ordering::Relaxed) {
+        0 => i64::from(setting(&guc::RETENTION)) * 1_000_000,
+        us => us,
+    }
 }
 
 /// A setting's value, read without GucSetting::get's check of the thread (which costs more
@@ -260,12 +294,13 @@ where
 /// folded into the database's OID (the tests' short way to it).
 #[cfg(any(test, feature = "pg_test"))]
 fn key_hash(db: pg_sys::Oid, scope: &str, job_id: &str) -> u64 {
-    job_hash(scope_seed(db, scope), job_id)
+    job_hash(scope_seed(0, db, scope), job_id)
 }
 
-/// The seed of a scope's job ids.
-fn scope_seed(db: pg_sys::Oid, scope: &str) -> u64 {
-    fold(u64::from(u32::from(db)), scope.as_bytes())
+/// The seed of a scope's job ids: the scope folded into the server's secret and the
+/// database.
+fn scope_seed(secret: u64, db: pg_sys::Oid, scope: &str) -> u64 {
+    fold(secret ^ u64::from(u32::from(db)), scope.as_bytes())
 }
 
 fn job_hash(seed: u64, job_id: &str) -> u64 {
@@ -275,9 +310,10 @@ fn job_hash(seed: u64, job_id: &str) -> u64 {
 /// `bytes` folded into `seed` 8 at a time (FxHash's step: rotate, xor, multiply), the
 /// length first, then splitmix64's finaliser, so that every input bit reaches every output
 /// bit. A few instructions per 8 bytes, where PostgreSQL's hash_bytes_extended took about
-/// 120 for a 19-digit id. Not a defence against chosen keys: a role that makes job ids
-/// collide only miscounts its own expired duplicates. The summaries' file holds bits
-/// placed by it: a change to it is a new file format.
+/// 120 for a 19-digit id. Not keyed by itself: the server's random secret in the seed is
+/// what keeps a role from choosing job ids whose keys are another database's (the fold
+/// can be inverted). The summaries' file holds bits placed by it: a change to it is a new
+/// file format.
 fn fold(seed: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let step = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
@@ -309,14 +345,14 @@ fn splitmix(h: u64) -> u64 {
 static mut LAST_SEED: Option<(u32, String, u64)> = None;
 
 /// [`scope_seed`], from [`LAST_SEED`] when it is the same scope.
-fn cached_seed(db: u32, scope: &str) -> u64 {
+fn cached_seed(secret: u64, db: u32, scope: &str) -> u64 {
     // SAFETY: backend-local, on the main thread; the &mut is the only reference while it
     // lives (nothing here calls back into this module).
     let last = unsafe { &mut *std::ptr::addr_of_mut!(LAST_SEED) };
     match last {
         Some((d, s, seed)) if *d == db && s == scope => *seed,
         _ => {
-            let seed = scope_seed(pg_sys::Oid::from(db), scope);
+            let seed = scope_seed(secret, pg_sys::Oid::from(db), scope);
             *last = Some((db, scope.to_string(), seed));
             seed
         }
@@ -352,14 +388,38 @@ impl Slot {
     }
 }
 
-/// When a claim that returned true for `scope` and `job_id` is a copy of a job whose claim
-/// was pruned within the look-back: how long after the claim expired, at most (microseconds:
-/// from the earliest expiry its summary holds to now). A new job: None, but for the
-/// summaries' false positives.
-pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
-    let ring = ring()?;
+/// What the look-ups of one claim call (one job, or the jobs of a batch) found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Looked {
+    /// The chance that a new job is found, summed over the look-ups: billionths.
+    pub expected_ppb: u64,
+    /// Jobs found: claims that returned true for a job whose claim was pruned.
+    pub expired: u64,
+    /// The longest a found job came after its claim expired, at most (microseconds).
+    pub after_max: i64,
+}
+
+impl Looked {
+    /// Add another look-up's findings.
+    pub fn add(&mut self, other: Looked) {
+        self.expected_ppb += other.expected_ppb;
+        self.expired += other.expired;
+        self.after_max = self.after_max.max(other.after_max);
+    }
+}
+
+/// Look a claim that returned true for `scope` and `job_id` up in the summaries: found, it is
+/// a copy of a job whose claim was pruned within the look-back (`expired` 1, `after_max`:
+/// how long after the claim expired, at most: from the earliest expiry its summary holds to
+/// now); a new job is found only by the summaries' false positives, whose chance
+/// (`expected_ppb`) is counted with it.
+pub fn look(scope: &str, job_id: &str) -> Looked {
+    let mut looked = Looked::default();
+    let Some(ring) = ring() else {
+        return looked;
+    };
     if !setting(&guc::TRACK_STATS) || setting(&guc::EXPIRED_LOOKBACK) == 0 {
-        return None;
+        return looked;
     }
     // SAFETY: a plain read of a backend global.
     let db = u32::from(unsafe { pg_sys::MyDatabaseId });
@@ -368,71 +428,103 @@ pub fn expired_after(scope: &str, job_id: &str) -> Option<i64> {
     let now = || unsafe { unguarded::GetCurrentTransactionStartTimestamp() };
     let mut oldest = None;
     let current = ring.current.load(Ordering::Acquire) as usize;
-    let mut hash = None;
-    // The newest first: the hit nearest in time is the one reported.
+    // The slots to look in, newest first (the hit nearest in time is the one reported),
+    // each with its sequence number as read before its bits.
+    let mut candidates = [(0usize, 0u64); SLOTS];
+    let mut n_candidates = 0;
     for i in 0..SLOTS {
         let n = (current + SLOTS - i) % SLOTS;
         let slot = &ring.slots[n];
-        if slot.keys.load(Ordering::Acquire) == 0 || !slot.holds_db(db) {
+        let seq = slot.seq.load(Ordering::Acquire);
+        if seq % 2 == 1 || slot.keys.load(Ordering::Acquire) == 0 || !slot.holds_db(db) {
             continue;
         }
-        let oldest = *oldest.get_or_insert_with(|| now() - lookback());
+        let oldest = *oldest.get_or_insert_with(|| now() - lookback(ring));
         if slot.last_at.load(Ordering::Relaxed) < oldest {
             continue;
         }
-        let h = *hash.get_or_insert_with(|| job_hash(cached_seed(db, scope), job_id));
-        let (block, bits) = place(h, ring.blocks);
+        looked.expected_ppb += slot.fpr_ppb.load(Ordering::Relaxed);
+        candidates[n_candidates] = (n, seq);
+        n_candidates += 1;
+    }
+    if n_candidates == 0 {
+        return looked;
+    }
+    let h = job_hash(
+        cached_seed(ring.secret.load(Ordering::Relaxed), db, scope),
+        job_id,
+    );
+    let (block, bits) = place(h, ring.blocks);
+    for &(n, seq) in &candidates[..n_candidates] {
+        let slot = &ring.slots[n];
         let words = ring.block(n, block);
         if words
             .iter()
             .zip(bits)
             .all(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
         {
-            return Some((now() - slot.min_expiry.load(Ordering::Relaxed)).max(0));
+            let min_expiry = slot.min_expiry.load(Ordering::Relaxed);
+            // The seqlock's check: the slot was not emptied or restarted while we read it.
+            std::sync::atomic::fence(Ordering::Acquire);
+            if slot.seq.load(Ordering::Relaxed) != seq {
+                continue;
+            }
+            looked.expired = 1;
+            looked.after_max = now().saturating_sub(min_expiry).max(0);
+            return looked;
         }
     }
-    None
-}
-
-/// Count a claim that returned true for a job whose claim had expired (see
-/// [`expired_after`]).
-pub fn check(scope: &str, job_id: &str) {
-    if let Some(after) = expired_after(scope, job_id) {
-        crate::stats::count(scope, crate::stats::Event::ExpiredDuplicate { after });
-    }
+    looked
 }
 
 /// Remember the claims the prune pass deleted in this database: (scope, job id, when the
-/// claim expired, microseconds since 2000).
-pub fn remember(pruned: &[(String, String, i64)]) {
+/// claim expired, microseconds since 2000). `longest_retention`: the longest retention in
+/// force in this database (microseconds), the look-back when `dedup.expired_lookback` is -1.
+/// A claim that expired longer than the look-back ago (a backlog pruned late) is not
+/// remembered: its copies are past the look-back already, and it would stretch its
+/// summary's expiry range.
+pub fn remember(pruned: &[(String, String, i64)], longest_retention: i64) {
     let Some(ring) = ring() else {
         return;
     };
-    if pruned.is_empty() || lookback() == 0 {
+    if pruned.is_empty() || setting(&guc::EXPIRED_LOOKBACK) == 0 {
         return;
     }
     // SAFETY: plain reads; LWLockAcquire raises an ERROR only when too many LWLocks are
-    // held (then the abort releases it); nothing between it and the release raises one.
+    // held (then the abort releases it); nothing between it and the release raises one
+    // (false_positive_rate and the rest compute only).
     unsafe {
         let db = u32::from(pg_sys::MyDatabaseId);
         let now = pg_sys::GetCurrentTimestamp();
         pg_sys::LWLockAcquire(ring.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        if setting(&guc::EXPIRED_LOOKBACK) < 0 && longest_retention > 0 {
+            ring.auto_lookback
+                .store(longest_retention, Ordering::Relaxed);
+        }
+        let oldest = now - lookback(ring);
         let n = rotate_if_due(ring, now);
         let slot = &ring.slots[n];
         add_db(slot, db);
         let mut kept = slot.keys.load(Ordering::Relaxed);
         let mut seed: Option<(&str, u64)> = None;
         for (scope, job_id, expiry) in pruned {
-            slot.min_expiry.fetch_min(*expiry, Ordering::Relaxed);
-            slot.max_expiry.fetch_max(*expiry, Ordering::Relaxed);
+            if *expiry < oldest {
+                continue;
+            }
             if kept >= ring.capacity {
                 slot.not_kept.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            slot.min_expiry.fetch_min(*expiry, Ordering::Relaxed);
+            slot.max_expiry.fetch_max(*expiry, Ordering::Relaxed);
             let seed = match seed {
                 Some((s, v)) if s == scope.as_str() => v,
                 _ => {
-                    let v = scope_seed(pg_sys::Oid::from(db), scope);
+                    let v = scope_seed(
+                        ring.secret.load(Ordering::Relaxed),
+                        pg_sys::Oid::from(db),
+                        scope,
+                    );
                     seed = Some((scope.as_str(), v));
                     v
                 }
@@ -444,6 +536,10 @@ pub fn remember(pruned: &[(String, String, i64)]) {
             kept += 1;
         }
         slot.last_at.store(now, Ordering::Relaxed);
+        slot.fpr_ppb.store(
+            (false_positive_rate(kept, ring.blocks) * 1e9).ceil() as u64,
+            Ordering::Relaxed,
+        );
         // Release: a claim that sees the count sees the bits.
         slot.keys.store(kept, Ordering::Release);
         pg_sys::LWLockRelease(ring.lock);
@@ -453,12 +549,12 @@ pub fn remember(pruned: &[(String, String, i64)]) {
 /// The current slot, after making the next one current if the current one has taken keys
 /// for a width (call with the ring's lock held exclusively).
 fn rotate_if_due(ring: &Ring, now: i64) -> usize {
-    let width = lookback() / (SLOTS as i64 - 1);
+    let width = lookback(ring) / (SLOTS as i64 - 1);
     let current = ring.current.load(Ordering::Relaxed) as usize;
     let slot = &ring.slots[current];
     let started = slot.started.load(Ordering::Relaxed);
     if started == 0 {
-        start(slot, now);
+        restart(slot, ring.slot_words(current), now);
         return current;
     }
     if now < started + width {
@@ -466,23 +562,25 @@ fn rotate_if_due(ring: &Ring, now: i64) -> usize {
     }
     slot.sealed.store(now, Ordering::Relaxed);
     let next = (current + 1) % SLOTS;
-    let s = &ring.slots[next];
-    // Emptied before it is current: claims looking meanwhile see no keys (a copy pruned
-    // more than the look-back ago is missed, never a new job counted).
-    s.keys.store(0, Ordering::Release);
-    for w in ring.slot_words(next) {
-        w.store(0, Ordering::Relaxed);
-    }
-    start(s, now);
+    restart(&ring.slots[next], ring.slot_words(next), now);
     ring.current.store(next as u32, Ordering::Release);
     next
 }
 
-fn start(s: &Slot, now: i64) {
+/// Empty a slot and start it at `now`, inside its seqlock: a claim reading it meanwhile
+/// finds the sequence number odd, or changed, and does not count what it read.
+fn restart(s: &Slot, words: &[AtomicU64], now: i64) {
+    s.seq.fetch_add(1, Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::Release);
+    s.keys.store(0, Ordering::Relaxed);
+    for w in words {
+        w.store(0, Ordering::Relaxed);
+    }
     s.started.store(now, Ordering::Relaxed);
     s.last_at.store(now, Ordering::Relaxed);
     s.sealed.store(0, Ordering::Relaxed);
     s.not_kept.store(0, Ordering::Relaxed);
+    s.fpr_ppb.store(0, Ordering::Relaxed);
     s.min_expiry.store(i64::MAX, Ordering::Relaxed);
     s.max_expiry.store(i64::MIN, Ordering::Relaxed);
     s.db_mask.store(0, Ordering::Relaxed);
@@ -490,6 +588,7 @@ fn start(s: &Slot, now: i64) {
         d.store(0, Ordering::Relaxed);
     }
     s.more_dbs.store(0, Ordering::Relaxed);
+    s.seq.fetch_add(1, Ordering::Release);
 }
 
 fn add_db(s: &Slot, db: u32) {
@@ -622,7 +721,7 @@ pub(crate) fn expired_summaries() -> TableIterator<
                 n == current,
                 time(s.started.load(Ordering::Relaxed)),
                 time(s.last_at.load(Ordering::Relaxed)),
-                s.last_at.load(Ordering::Relaxed) >= now - lookback(),
+                s.last_at.load(Ordering::Relaxed) >= now - lookback(ring),
                 keys as i64,
                 s.not_kept.load(Ordering::Relaxed) as i64,
                 ring.capacity as i64,

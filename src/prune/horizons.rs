@@ -100,6 +100,16 @@ impl Cutoffs {
         (scopes, ats, horizons)
     }
 
+    /// The longest retention in force (microseconds): `dedup.retention`'s or a scope's own.
+    pub(super) fn longest_retention(&self) -> i64 {
+        let earliest = self
+            .scopes
+            .values()
+            .map(|c| c.at)
+            .fold(self.global.at, i64::min);
+        self.now - earliest
+    }
+
     pub(super) fn of(&self, scope: &str) -> &Cutoff {
         self.scopes.get(scope).unwrap_or(&self.global)
     }

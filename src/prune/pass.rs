@@ -333,9 +333,10 @@ fn delete_expired(
         // expired (src/expired/): not a shard placement's claims, which are claimed through
         // Citus and not checked.
         let mut pruned = Vec::new();
+        let remembering = target.relid.is_none() && crate::expired::enabled();
         for row in rows {
             let scope: String = row.get(1)?.unwrap_or_default();
-            if target.relid.is_none() {
+            if remembering {
                 let job_id: String = row.get(2)?.unwrap_or_default();
                 let at = row
                     .get::<pgrx::datum::TimestampWithTimeZone>(3)?
@@ -347,7 +348,9 @@ fn delete_expired(
             *per_scope.entry(scope).or_default() += 1;
             n += 1;
         }
-        crate::expired::remember(&pruned);
+        if remembering {
+            crate::expired::remember(&pruned, cutoffs.longest_retention());
+        }
         Ok::<_, pgrx::spi::Error>(n)
     })
     .unwrap_or_else(|e| pgrx::error!("dedup: deleting expired claims failed: {e}"))

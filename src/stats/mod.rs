@@ -48,8 +48,13 @@ pub const OVERFLOW_SCOPE: &str = "(overflow)";
 pub enum Event {
     /// The call took the job: `try_claim` returned true, `lease` acquired it.
     Claim,
-    /// `n` jobs of one `try_claim_many` call taken (counted once per batch, as n claims).
-    Claims(u64),
+    /// `n` jobs taken by one `try_claim` (n = 1) or `try_claim_many` call (counted once
+    /// per call, as n claims), and what their look-up in the summaries of pruned claims
+    /// found (src/expired/).
+    Claims {
+        n: u64,
+        looked: crate::expired::Looked,
+    },
     /// The job was done already: `try_claim` returned false at once, `lease` said done.
     /// `claimed_at`: when the claim it hit was made (microseconds since 2000; 0 unknown).
     Duplicate { claimed_at: i64 },
@@ -64,9 +69,6 @@ pub enum Event {
     /// A `dedup.advance` call that raised its partition's mark (`raised`), or found the
     /// position at or below it (a redelivery: counted as a duplicate).
     Advance { raised: bool },
-    /// A claim that returned true for a job whose claim had been pruned (src/expired/):
-    /// `after`, microseconds since the claim expired, at most. Counted besides its Claim.
-    ExpiredDuplicate { after: i64 },
 }
 
 /// Upper bounds of the duplicate-age buckets, in seconds; the last bucket has none. Half a
@@ -184,10 +186,21 @@ unsafe fn add(entry: *mut Entry, scope: &str, event: Event, now: u64) {
     // SAFETY: the contract above is Counter::of's; every counter here has one value.
     let c = |counter: Counter| counter.of(entry, 0);
     match event {
-        Event::Claim | Event::Claims(_) => {
-            let n = if let Event::Claims(n) = event { n } else { 1 };
+        Event::Claim => {
+            c(CLAIMS).fetch_add(1, Ordering::Relaxed);
+            advance(c(LAST_CLAIM_AT), now);
+        }
+        Event::Claims { n, looked } => {
             c(CLAIMS).fetch_add(n, Ordering::Relaxed);
             advance(c(LAST_CLAIM_AT), now);
+            if looked.expected_ppb > 0 {
+                c(EXPIRED_EXPECTED).fetch_add(looked.expected_ppb, Ordering::Relaxed);
+            }
+            if looked.expired > 0 {
+                c(EXPIRED).fetch_add(looked.expired, Ordering::Relaxed);
+                advance(c(LAST_EXPIRED_AT), now);
+                c(EXPIRED_AFTER_MAX).fetch_max(looked.after_max.max(0) as u64, Ordering::Relaxed);
+            }
         }
         Event::Duplicate { claimed_at } | Event::Busy { claimed_at, .. } => {
             let counter = if matches!(event, Event::Duplicate { .. }) {
@@ -223,11 +236,6 @@ unsafe fn add(entry: *mut Entry, scope: &str, event: Event, now: u64) {
         Event::Advance { raised: false } => {
             c(DUPLICATES).fetch_add(1, Ordering::Relaxed);
             advance(c(LAST_DUPLICATE_AT), now);
-        }
-        Event::ExpiredDuplicate { after } => {
-            c(EXPIRED).fetch_add(1, Ordering::Relaxed);
-            advance(c(LAST_EXPIRED_AT), now);
-            c(EXPIRED_AFTER_MAX).fetch_max(after.max(0) as u64, Ordering::Relaxed);
         }
     }
 }
@@ -423,6 +431,7 @@ mod tests {
                     Shown::Count => "bigint",
                     Shown::Time => "timestamp with time zone",
                     Shown::Millis | Shown::Micros => "interval",
+                    Shown::Billionths => "double precision",
                     Shown::Buckets => "bigint[]",
                 };
                 (c.column.to_string(), t.to_string())

@@ -80,6 +80,8 @@ pub(super) enum Shown {
     Micros,
     /// One count per bucket of [`AGE_BOUNDS`] (bigint[]).
     Buckets,
+    /// Billionths of a count (float8).
+    Billionths,
 }
 
 /// A counter: where its values are in an entry, how many there are (1, or the buckets),
@@ -188,6 +190,9 @@ counters! {
     EXPIRED: Count "expired_duplicates",
     LAST_EXPIRED_AT: Time "last_expired_duplicate_at",
     EXPIRED_AFTER_MAX: Micros "expired_duplicate_after_max",
+    // How many of them chance alone explains: the summaries' false-positive rate, summed
+    // over the claims that looked (billionths).
+    EXPIRED_EXPECTED: Billionths "expired_duplicates_expected",
 }
 
 /// One entry of the shared hash table (the key must come first): its generation, then the

@@ -41,6 +41,7 @@ pub(super) fn stats_counters() -> TableIterator<
         name!(expired_duplicates, i64),
         name!(last_expired_duplicate_at, Option<TimestampWithTimeZone>),
         name!(expired_duplicate_after_max, Interval),
+        name!(expired_duplicates_expected, f64),
     ),
 > {
     if !available() {
@@ -82,6 +83,7 @@ pub(super) fn stats_counters() -> TableIterator<
                 count(EXPIRED),
                 shown_time(&r, LAST_EXPIRED_AT),
                 interval(EXPIRED_AFTER_MAX),
+                r.get(EXPIRED_EXPECTED)[0] as f64 / 1e9,
             )
         })
         .collect();

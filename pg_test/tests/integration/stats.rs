@@ -444,9 +444,6 @@ pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> 
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     const HEADER: usize = 40;
     const KEY: usize = 4 + 2 + 2 + 128 + 64;
-    // The counters of 0.6.0: 25, and the three of the expired duplicates.
-    const VALUES: usize = 28;
-    const RECORD: usize = KEY + 8 * VALUES;
     let mut cluster = Cluster::start(preloaded("stats-file"))?;
     cluster.create_db_with_extension("app")?;
     let file = cluster.data.join("pg_stat/dedup.stat");
@@ -470,8 +467,12 @@ pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> 
         }
         cluster.stop("fast")?;
         let mut bytes = std::fs::read(&file)?;
-        let entries = (bytes.len() - HEADER - 8) / RECORD;
-        let last = HEADER + (entries - 1) * RECORD;
+        // The counters an entry holds, as the file's header says (every counter of the
+        // table, which grows at its end).
+        let values = u32::from_le_bytes(bytes[12..16].try_into()?) as usize;
+        let record = KEY + 8 * values;
+        let entries = (bytes.len() - HEADER - 8) / record;
+        let last = HEADER + (entries - 1) * record;
         let scope_len = u16::from_ne_bytes([bytes[last + 4], bytes[last + 5]]) as usize;
         let mut reseal = true;
         match damage {
@@ -485,12 +486,12 @@ pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> 
                 reseal = false;
             }
             "bytes appended" => {
-                let n = rng.random_range(1..2 * RECORD);
+                let n = rng.random_range(1..2 * record);
                 bytes.extend((0..n).map(|_| rng.random::<u8>()));
                 reseal = false;
             }
             "noise" => {
-                let n = rng.random_range(0..4 * RECORD);
+                let n = rng.random_range(0..4 * record);
                 bytes = (0..n).map(|_| rng.random::<u8>()).collect();
                 reseal = false;
             }
@@ -514,7 +515,7 @@ pub async fn a_torn_or_altered_counter_file_is_refused(_ctx: Ctx) -> Result<()> 
                 bytes[at] = 0xff;
             }
             _ => {
-                let at = last + KEY + 8 * rng.random_range(0..VALUES);
+                let at = last + KEY + 8 * rng.random_range(0..values);
                 bytes[at] ^= 1;
             }
         }
