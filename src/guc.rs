@@ -35,7 +35,7 @@ pub static STATS_MAX: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static EXPIRED_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
 
 /// `dedup.expired_lookback`, seconds: how long a pruned claim is remembered at least; -1:
-/// `dedup.retention`.
+/// the longest retention in force in the database pruned last.
 pub static EXPIRED_LOOKBACK: GucSetting<i32> = GucSetting::<i32>::new(-1);
 
 /// `dedup.track_stats`: count claims, duplicates and busy calls.
@@ -165,10 +165,11 @@ pub fn init() {
     }
     GucRegistry::define_int_guc(
         c"dedup.expired_lookback",
-        c"How long the summaries remember a pruned claim, at least (-1: dedup.retention; 0: not at all).",
+        c"How long the summaries remember a pruned claim, at least (-1: the longest retention in force; 0: not at all).",
         c"A claim that returns true for a job whose claim was pruned within this time is counted \
           in dedup.stats as an expired duplicate. A key is remembered at most a seventh more. \
-          Needs shared_preload_libraries = 'dedup'.",
+          -1: the longest retention (dedup.retention or a scope's own) of the database pruned \
+          last. Needs shared_preload_libraries = 'dedup'.",
         &EXPIRED_LOOKBACK,
         -1,
         i32::MAX,
