@@ -118,8 +118,10 @@ fn claim_many(
         }
         if !claimed.is_empty() {
             let mut looked = crate::expired::Looked::default();
-            for key in claimed_keys {
-                looked.add(crate::expired::look(scope, key));
+            if let Some(lookup) = crate::expired::Lookup::new(scope) {
+                for key in claimed_keys {
+                    looked.add(lookup.find(key));
+                }
             }
             crate::stats::count(
                 scope,

@@ -414,67 +414,98 @@ impl Looked {
 /// now); a new job is found only by the summaries' false positives, whose chance
 /// (`expected_ppb`) is counted with it.
 pub fn look(scope: &str, job_id: &str) -> Looked {
-    let mut looked = Looked::default();
-    let Some(ring) = ring() else {
-        return looked;
-    };
-    if !setting(&guc::TRACK_STATS) || setting(&guc::EXPIRED_LOOKBACK) == 0 {
-        return looked;
-    }
-    // SAFETY: a plain read of a backend global.
-    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
-    // SAFETY: GetCurrentTransactionStartTimestamp returns a backend global (no ERROR), so
-    // it is called without pgrx's guard, which costs more than the rest of a miss.
-    let now = || unsafe { unguarded::GetCurrentTransactionStartTimestamp() };
-    let mut oldest = None;
-    let current = ring.current.load(Ordering::Acquire) as usize;
-    // The slots to look in, newest first (the hit nearest in time is the one reported),
-    // each with its sequence number as read before its bits.
-    let mut candidates = [(0usize, 0u64); SLOTS];
-    let mut n_candidates = 0;
-    for i in 0..SLOTS {
-        let n = (current + SLOTS - i) % SLOTS;
-        let slot = &ring.slots[n];
-        let seq = slot.seq.load(Ordering::Acquire);
-        if seq % 2 == 1 || slot.keys.load(Ordering::Acquire) == 0 || !slot.holds_db(db) {
-            continue;
+    Lookup::new(scope).map_or_else(Looked::default, |l| l.find(job_id))
+}
+
+/// The summaries one claim call looks in, chosen once for all its jobs (a batch's jobs
+/// share the scope and the moment): those that hold keys of this database, within the
+/// look-back, newest first (the hit nearest in time is the one reported), each with its
+/// sequence number as read before its bits.
+pub struct Lookup {
+    ring: &'static Ring,
+    seed: u64,
+    candidates: [(usize, u64); SLOTS],
+    n: usize,
+    expected_ppb: u64,
+}
+
+impl Lookup {
+    /// None when there is nothing to look in (no ring, not counting, or no summary of this
+    /// database in the look-back).
+    pub fn new(scope: &str) -> Option<Lookup> {
+        let ring = ring()?;
+        if !setting(&guc::TRACK_STATS) || setting(&guc::EXPIRED_LOOKBACK) == 0 {
+            return None;
         }
-        let oldest = *oldest.get_or_insert_with(|| now() - lookback(ring));
-        if slot.last_at.load(Ordering::Relaxed) < oldest {
-            continue;
-        }
-        looked.expected_ppb += slot.fpr_ppb.load(Ordering::Relaxed);
-        candidates[n_candidates] = (n, seq);
-        n_candidates += 1;
-    }
-    if n_candidates == 0 {
-        return looked;
-    }
-    let h = job_hash(
-        cached_seed(ring.secret.load(Ordering::Relaxed), db, scope),
-        job_id,
-    );
-    let (block, bits) = place(h, ring.blocks);
-    for &(n, seq) in &candidates[..n_candidates] {
-        let slot = &ring.slots[n];
-        let words = ring.block(n, block);
-        if words
-            .iter()
-            .zip(bits)
-            .all(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
-        {
-            let min_expiry = slot.min_expiry.load(Ordering::Relaxed);
-            // The seqlock's check: the slot was not emptied or restarted while we read it.
-            std::sync::atomic::fence(Ordering::Acquire);
-            if slot.seq.load(Ordering::Relaxed) != seq {
+        // SAFETY: a plain read of a backend global.
+        let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+        let mut oldest = None;
+        let current = ring.current.load(Ordering::Acquire) as usize;
+        let mut l = Lookup {
+            ring,
+            seed: 0,
+            candidates: [(0, 0); SLOTS],
+            n: 0,
+            expected_ppb: 0,
+        };
+        for i in 0..SLOTS {
+            let n = (current + SLOTS - i) % SLOTS;
+            let slot = &ring.slots[n];
+            let seq = slot.seq.load(Ordering::Acquire);
+            if seq % 2 == 1 || slot.keys.load(Ordering::Acquire) == 0 || !slot.holds_db(db) {
                 continue;
             }
-            looked.expired = 1;
-            looked.after_max = now().saturating_sub(min_expiry).max(0);
-            return looked;
+            let oldest = *oldest.get_or_insert_with(|| now() - lookback(ring));
+            if slot.last_at.load(Ordering::Relaxed) < oldest {
+                continue;
+            }
+            l.expected_ppb += slot.fpr_ppb.load(Ordering::Relaxed);
+            l.candidates[l.n] = (n, seq);
+            l.n += 1;
         }
+        if l.n == 0 {
+            return None;
+        }
+        l.seed = cached_seed(ring.secret.load(Ordering::Relaxed), db, scope);
+        Some(l)
     }
-    looked
+
+    /// Look `job_id` up.
+    pub fn find(&self, job_id: &str) -> Looked {
+        let mut looked = Looked {
+            expected_ppb: self.expected_ppb,
+            ..Default::default()
+        };
+        let (block, bits) = place(job_hash(self.seed, job_id), self.ring.blocks);
+        for &(n, seq) in &self.candidates[..self.n] {
+            let slot = &self.ring.slots[n];
+            let words = self.ring.block(n, block);
+            if words
+                .iter()
+                .zip(bits)
+                .all(|(w, b)| w.load(Ordering::Relaxed) & b != 0)
+            {
+                let min_expiry = slot.min_expiry.load(Ordering::Relaxed);
+                // The seqlock's check: the slot was not emptied or restarted while we read
+                // it.
+                std::sync::atomic::fence(Ordering::Acquire);
+                if slot.seq.load(Ordering::Relaxed) != seq {
+                    continue;
+                }
+                looked.expired = 1;
+                looked.after_max = now().saturating_sub(min_expiry).max(0);
+                return looked;
+            }
+        }
+        looked
+    }
+}
+
+/// The transaction's start, read without pgrx's guard: GetCurrentTransactionStartTimestamp
+/// returns a backend global (no ERROR), and the guard costs more than the rest of a miss.
+fn now() -> i64 {
+    // SAFETY: as above.
+    unsafe { unguarded::GetCurrentTransactionStartTimestamp() }
 }
 
 /// Remember the claims the prune pass deleted in this database: (scope, job id, when the
