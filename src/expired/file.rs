@@ -13,41 +13,46 @@ const VERSION: u32 = 1;
 // slot, the current slot, the secret, the automatic look-back (u64 each); per slot, META
 // values (u64 each); every slot's bits (u64 words); then an FNV-1a 64-bit checksum of
 // everything before it.
-const META: usize = 9 + DBS;
+// A slot's values, in this order, then its DBS databases.
+const STARTED: usize = 0;
+const LAST_AT: usize = 1;
+const KEYS: usize = 2;
+const NOT_KEPT: usize = 3;
+const MIN_EXPIRY: usize = 4;
+const MAX_EXPIRY: usize = 5;
+const DB_MASK: usize = 6;
+const MORE_DBS: usize = 7;
+const FIXED: usize = 8;
+const META: usize = FIXED + DBS;
 const HEADER: usize = 4 * 4 + 4 * 8;
 
 fn meta(s: &Slot) -> [u64; META] {
     let mut m = [0u64; META];
-    let fixed = [
-        s.started.load(Ordering::Relaxed) as u64,
-        s.last_at.load(Ordering::Relaxed) as u64,
-        s.sealed.load(Ordering::Relaxed) as u64,
-        s.keys.load(Ordering::Relaxed),
-        s.not_kept.load(Ordering::Relaxed),
-        s.min_expiry.load(Ordering::Relaxed) as u64,
-        s.max_expiry.load(Ordering::Relaxed) as u64,
-        s.db_mask.load(Ordering::Relaxed),
-        u64::from(s.more_dbs.load(Ordering::Relaxed)),
-    ];
-    m[..9].copy_from_slice(&fixed);
+    m[STARTED] = s.started.load(Ordering::Relaxed) as u64;
+    m[LAST_AT] = s.last_at.load(Ordering::Relaxed) as u64;
+    m[KEYS] = s.keys.load(Ordering::Relaxed);
+    m[NOT_KEPT] = s.not_kept.load(Ordering::Relaxed);
+    m[MIN_EXPIRY] = s.min_expiry.load(Ordering::Relaxed) as u64;
+    m[MAX_EXPIRY] = s.max_expiry.load(Ordering::Relaxed) as u64;
+    m[DB_MASK] = s.db_mask.load(Ordering::Relaxed);
+    m[MORE_DBS] = u64::from(s.more_dbs.load(Ordering::Relaxed));
     for (i, d) in s.dbs.iter().enumerate() {
-        m[9 + i] = u64::from(d.load(Ordering::Relaxed));
+        m[FIXED + i] = u64::from(d.load(Ordering::Relaxed));
     }
     m
 }
 
 fn set_meta(s: &Slot, m: &[u64]) {
-    s.started.store(m[0] as i64, Ordering::Relaxed);
-    s.last_at.store(m[1] as i64, Ordering::Relaxed);
-    s.sealed.store(m[2] as i64, Ordering::Relaxed);
-    s.keys.store(m[3], Ordering::Relaxed);
-    s.not_kept.store(m[4], Ordering::Relaxed);
-    s.min_expiry.store(m[5] as i64, Ordering::Relaxed);
-    s.max_expiry.store(m[6] as i64, Ordering::Relaxed);
-    s.db_mask.store(m[7], Ordering::Relaxed);
-    s.more_dbs.store(m[8] as u32, Ordering::Relaxed);
+    s.started.store(m[STARTED] as i64, Ordering::Relaxed);
+    s.last_at.store(m[LAST_AT] as i64, Ordering::Relaxed);
+    s.keys.store(m[KEYS], Ordering::Relaxed);
+    s.not_kept.store(m[NOT_KEPT], Ordering::Relaxed);
+    s.min_expiry.store(m[MIN_EXPIRY] as i64, Ordering::Relaxed);
+    s.max_expiry.store(m[MAX_EXPIRY] as i64, Ordering::Relaxed);
+    s.db_mask.store(m[DB_MASK], Ordering::Relaxed);
+    s.more_dbs.store(m[MORE_DBS] as u32, Ordering::Relaxed);
     for (i, d) in s.dbs.iter().enumerate() {
-        d.store(m[9 + i] as u32, Ordering::Relaxed);
+        d.store(m[FIXED + i] as u32, Ordering::Relaxed);
     }
 }
 
@@ -122,8 +127,8 @@ pub(super) fn check(data: &[u8], blocks: u64) -> Result<(), String> {
     let capacity = capacity(blocks);
     for slot in 0..SLOTS {
         let m = |i: usize| u64_at(HEADER + (slot * META + i) * 8);
-        let (started, last_at, keys) = (m(0) as i64, m(1) as i64, m(3));
-        let (min, max) = (m(5) as i64, m(6) as i64);
+        let (started, last_at, keys) = (m(STARTED) as i64, m(LAST_AT) as i64, m(KEYS));
+        let (min, max) = (m(MIN_EXPIRY) as i64, m(MAX_EXPIRY) as i64);
         let ok = keys <= capacity
             && sane(started)
             && sane(last_at)
@@ -150,7 +155,7 @@ fn decode(ring: &Ring, data: &[u8]) {
         let m: Vec<u64> = (0..META).map(|i| u64_at(at + 8 * i)).collect();
         set_meta(s, &m);
         s.fpr_ppb.store(
-            (false_positive_rate(m[3], ring.blocks) * 1e9).ceil() as u64,
+            (false_positive_rate(m[KEYS], ring.blocks) * 1e9).ceil() as u64,
             Ordering::Relaxed,
         );
         at += META * 8;

@@ -58,8 +58,6 @@ pub(crate) struct Slot {
     started: AtomicI64,
     /// When it last took keys, or became current.
     last_at: AtomicI64,
-    /// When the next slot became current; 0: it is the current one.
-    sealed: AtomicI64,
     keys: AtomicU64,
     /// Keys pruned while it was current that it did not take (it was full).
     not_kept: AtomicU64,
@@ -591,7 +589,6 @@ fn rotate_if_due(ring: &Ring, now: i64) -> usize {
     if now < started + width {
         return current;
     }
-    slot.sealed.store(now, Ordering::Relaxed);
     let next = (current + 1) % SLOTS;
     restart(&ring.slots[next], ring.slot_words(next), now);
     ring.current.store(next as u32, Ordering::Release);
@@ -609,7 +606,6 @@ fn restart(s: &Slot, words: &[AtomicU64], now: i64) {
     }
     s.started.store(now, Ordering::Relaxed);
     s.last_at.store(now, Ordering::Relaxed);
-    s.sealed.store(0, Ordering::Relaxed);
     s.not_kept.store(0, Ordering::Relaxed);
     s.fpr_ppb.store(0, Ordering::Relaxed);
     s.min_expiry.store(i64::MAX, Ordering::Relaxed);
