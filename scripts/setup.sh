@@ -63,8 +63,9 @@ if [ "$profile" != build ]; then
     pkgs+=(libkrb5-dev unzip redis-server)
 fi
 if [ "$profile" = all ]; then
-    # prometheus: promtool, which checks monitoring/alerts.yml
-    pkgs+=(sudo postgresql-15 postgresql-contrib postgresql-server-dev-15 postgresql-15-cron flex prometheus)
+    # prometheus: promtool, which checks monitoring/alerts.yml; spin: the model checker
+    # of scripts/model.sh (docs/design/generations.md)
+    pkgs+=(sudo postgresql-15 postgresql-contrib postgresql-server-dev-15 postgresql-15-cron flex prometheus spin)
 fi
 # shellcheck disable=SC2206
 pkgs+=(${DEDUP_EXTRA_PKGS:-})

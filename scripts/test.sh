@@ -3,7 +3,8 @@
 # (15, 16, 17, 18), each in the project's own server tree (scripts/pg.sh). `make test PG=17`
 # (or PG="16 18") runs those majors only.
 #   1. formatting, clippy (-D warnings) for each major's build, the unit tests of the
-#      project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py)
+#      project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py), the
+#      alerting rules, the SPIN model of the generations' claim protocol (scripts/model.sh)
 #   then for each major:
 #   2. #[pg_test] unit tests (cargo pgrx test: a server of pgrx's own)
 #   3. install the extension into that major's tree, then the integration tests in
@@ -40,6 +41,7 @@ cargo test --quiet -p dedup-pg-test --test scripts   # what a new machine runs f
 python3 scripts/test_sql_tools.py   # the SQL reading of scripts/portable.py and scripts/upgrade-script.py
 promtool check rules monitoring/alerts.yml >/dev/null   # the alerting rules parse
 promtool test rules monitoring/alerts_test.yml >/dev/null   # and the expired-duplicate alert fires with its text
+bash scripts/model.sh   # the generations' claim protocol, model-checked (docs/design/generations.md)
 
 started=$(date +%s)
 # The majors tested before this one, dedup of this build installed in each: the integration

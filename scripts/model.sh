@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The SPIN model of the claim protocol across generations (pg_test/model/generations.pml):
+# an exhaustive search of the protocol (no bitstate hashing), which must find no error,
+# then of each mutation, which must find the error it is meant to find. Needs spin
+# (apt-get install spin) and gcc only; builds and runs in a temporary directory.
+#   bash scripts/model.sh           the protocol (3 claimers), its progress check, aborts at
+#                                   any step (any number with 2 claimers, one with 3), and
+#                                   the mutations: about 35 s of CPU time
+#   bash scripts/model.sh --full    also any number of aborts with 3 claimers: about 2
+#                                   more minutes and 2 GB of memory
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+MODEL="$ROOT/pg_test/model/generations.pml"
+
+full=
+case "${1:-}" in
+    "") ;;
+    --full) full=1 ;;
+    *) echo "usage: $0 [--full]" >&2; exit 2 ;;
+esac
+if ! command -v spin >/dev/null; then
+    echo "[model] spin is not installed: apt-get install spin (the SPIN model checker)" >&2
+    exit 1
+fi
+if ! command -v gcc >/dev/null; then
+    echo "[model] gcc is not installed: apt-get install gcc" >&2
+    exit 1
+fi
+
+work=$(mktemp -d /tmp/dedup-model-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cp "$MODEL" "$work/generations.pml"
+cd "$work"
+start=$SECONDS
+failed=0
+
+# verify CFLAGS PANFLAGS DEFINES...: generate, compile and run pan; its output is in pan.out.
+verify() {
+    local cflags=$1 panflags=$2
+    shift 2
+    rm -f pan pan.* ./*.trail
+    if ! spin "$@" -a generations.pml >spin.out 2>&1; then
+        cat spin.out >&2
+        echo "[model] spin -a $* failed" >&2
+        exit 1
+    fi
+    # -w: pan.c's generated code draws warnings from recent gcc that say nothing about
+    # the model.
+    gcc -w -O2 $cflags -o pan pan.c
+    ./pan $panflags -m100000 >pan.out 2>&1 || true
+}
+
+# The number of states stored, as an integer (pan writes large counts as 1.2e+07).
+states() {
+    awk '/states, stored/ { printf "%d", $1; exit }' pan.out
+}
+
+# What pan found: the first error line, or nothing.
+found() {
+    grep -m1 -E '^pan:[0-9]+: ' pan.out | sed -E 's/^pan:[0-9]+: //; s/ \(at depth [0-9]+\)$//' || true
+}
+
+# A search that ran to its end: exhaustive, not cut short by the depth bound or memory.
+complete() {
+    grep -q 'Full statespace search' pan.out &&
+        ! grep -qE 'max search depth too small|out of memory|hash table is full' pan.out
+}
+
+# protocol NAME CFLAGS PANFLAGS DEFINES...: must run to its end with no error.
+protocol() {
+    local name=$1 t0=$SECONDS
+    shift
+    verify "$@"
+    local err
+    err=$(found)
+    if [ -n "$err" ] || ! grep -q 'errors: 0' pan.out; then
+        echo "[model] $name: FAILED: ${err:-see the output of pan below}" >&2
+        cat pan.out >&2
+        if ls ./*.trail >/dev/null 2>&1; then
+            echo "[model] the counterexample (spin -t -p):" >&2
+            shift 2
+            spin "$@" -t -p -g generations.pml >&2 || true
+        fi
+        failed=1
+    elif ! complete; then
+        echo "[model] $name: FAILED: the search did not run to its end" >&2
+        cat pan.out >&2
+        failed=1
+    else
+        echo "[model] $name: $(states) states, no error ($((SECONDS - t0)) s)"
+    fi
+}
+
+# mutation NAME WANT CFLAGS PANFLAGS DEFINES...: pan must report WANT (a pattern of its
+# error line).
+mutation() {
+    local name=$1 want=$2
+    shift 2
+    verify "$@"
+    local err
+    err=$(found)
+    if [ -z "$err" ]; then
+        echo "[model] mutation $name: no error found, but it must fail ($(states) states)" >&2
+        failed=1
+    elif ! grep -qE "$want" <<<"$err"; then
+        echo "[model] mutation $name: found \"$err\", not the error it must cause ($want)" >&2
+        failed=1
+    else
+        echo "[model] mutation $name: $err, as it must be"
+    fi
+}
+
+# The protocol: assertions and invalid end states (deadlocks), then non-progress cycles.
+protocol "protocol" "-DSAFETY" ""
+protocol "protocol, progress" "-DNP" "-l"
+# Aborts at any step: any number of them with 2 claimers, one with 3 (--full: any number
+# with 3).
+protocol "protocol, aborts at any step, 2 claimers" "-DSAFETY" "" -DKILL -DNC=2
+protocol "protocol, one abort at any step, 3 claimers" "-DSAFETY" "" -DKILL -DKILL_ONE
+if [ -n "$full" ]; then
+    protocol "protocol, aborts at any step, 3 claimers" "-DSAFETY" "" -DKILL
+fi
+
+# The mutations. -E (ignore invalid end states) when the error must be an assertion
+# violation, -A (ignore assertions) when it must be an invalid end state, so that pan's
+# first error is of the kind looked for.
+mutation NO_RECHECK 'assertion violated .*sealed' "-DSAFETY" "-E" -DNO_RECHECK
+mutation CHECK_BEFORE_INSERT 'assertion violated .*wins' "-DSAFETY" "-E" -DCHECK_BEFORE_INSERT
+mutation BOTH_WAIT 'invalid end state' "-DSAFETY" "-A" -DBOTH_WAIT
+mutation STEP2_WAIT_END 'invalid end state' "-DSAFETY" "-A" -DSTEP2_WAIT_END
+mutation NO_WAIT 'non-progress cycle' "-DNP" "-l -A -E" -DNO_WAIT
+
+if [ "$failed" -ne 0 ]; then
+    echo "[model] FAILED ($((SECONDS - start)) s)" >&2
+    exit 1
+fi
+echo "[model] all passed ($((SECONDS - start)) s)"
