@@ -127,7 +127,7 @@ fi
 mutation NO_RECHECK 'assertion violated .*sealed' "-DSAFETY" "-E" -DNO_RECHECK
 mutation CHECK_BEFORE_INSERT 'assertion violated .*wins' "-DSAFETY" "-E" -DCHECK_BEFORE_INSERT
 mutation BOTH_WAIT 'invalid end state' "-DSAFETY" "-A" -DBOTH_WAIT
-mutation STEP2_WAIT_END 'invalid end state' "-DSAFETY" "-A" -DSTEP2_WAIT_END
+mutation WAIT_END_AFTER_TOKEN 'invalid end state' "-DSAFETY" "-A" -DWAIT_END_AFTER_TOKEN
 mutation NO_WAIT 'non-progress cycle' "-DNP" "-l -A -E" -DNO_WAIT
 
 if [ "$failed" -ne 0 ]; then

@@ -26,8 +26,9 @@
  *      - no row: go to 5;
  *      - a committed row: kill own row, release the token; outcome false;
  *      - an in-flight row of T', when g = N (the older generation wins): kill own row,
- *        release the token, wait for T''s token if its row is speculative, then for T''s
- *        end; go to 1;
+ *        release the token; if T''s row is speculative, wait for its token only (it may
+ *        be killed: waiting for T''s end would wait on a transaction that holds no row
+ *        of k, and could deadlock with other keys or locks), else for T''s end; go to 1;
  *      - an in-flight speculative row of T', when g = O: wait for T''s token while
  *        holding our own, then redo 4;
  *      - an in-flight confirmed row of T', when g = O: kill own row, release the token,
@@ -107,9 +108,9 @@
  *     O waits for T''s token while holding its own, as a claimer in O does, instead of
  *     killing its row. Two speculative rows, one in each generation, whose owners each
  *     wait for the other's token.
- *   -DSTEP2_WAIT_END (invalid end state): step 2, after waiting for T''s token, also waits
- *     for T''s end, even when T' killed its row. This is how the brief worded step 2; it
- *     deadlocks. B and C register on O; the rotator publishes N. B passed its re-read
+ *   -DWAIT_END_AFTER_TOKEN (invalid end state): after waiting for T''s token, a claimer
+ *     also waits for T''s end, even when T' killed its row: in step 2, and when it gives
+ *     way in step 4. B and C register on O; the rotator publishes N. B passed its re-read
  *     before that; C did not and starts over in N, where it inserts and confirms. B
  *     inserts into O, its cross-check finds C's confirmed row: B will give way. C aborts.
  *     A inserts into N; its cross-check finds B's speculative row (B has not killed it
@@ -117,8 +118,12 @@
  *     where step 2 finds A's speculative row and waits for A's token. A kills its row,
  *     waits for B's token (released already), then for B's end; B, its token wait over,
  *     waits for A's end. Neither has a row, and each waits for the other's end.
- *     PostgreSQL's own check, modelled in step 2, redoes the check as soon as the token
- *     is released: B then finds N empty, inserts, confirms and ends.
+ *     PostgreSQL's own check, modelled in step 2, looks again as soon as the token is
+ *     released, and so does a claimer that gave way (step 4): B then finds N empty,
+ *     inserts, confirms and ends. Either rule alone breaks this cycle here; both are
+ *     kept because a wait for the end of a transaction that holds no row of k can close
+ *     a cycle through another key or lock of that transaction, which this model, with
+ *     one key, cannot show.
  *   -DNO_WAIT (non-progress cycle, with -DNP): a claimer that gives way in step 4 starts
  *     over at once instead of waiting for T'. While T' stays in flight, the claimer in N
  *     inserts, finds T''s row, kills its own and inserts again, without end.
@@ -228,7 +233,7 @@ check:
         :: seen == NONE
         :: seen == COMM -> t = 0; seen = 0; goto finish
         :: seen == SPEC -> WAIT_TOKEN;
-#ifdef STEP2_WAIT_END
+#ifdef WAIT_END_AFTER_TOKEN
            WAIT_END;
 #endif
            t = 0; seen = 0; goto check
@@ -284,13 +289,26 @@ xcheck:
     }
     if
     :: seen != NONE ->
-       /* in flight, and we give way: kill own row, release the token, wait for T''s
-        * token (if its row was speculative), then for its end; start over */
+       /* in flight, and we give way: kill own row, release the token; if T''s row was
+        * speculative wait for its token only, as PostgreSQL's own check does, and start
+        * over, looking again (it may have been killed, or confirmed: then the next look
+        * waits for T''s end); if it was confirmed, wait for T''s end; start over */
        kill_own();
 #ifdef NO_WAIT
        atomic { tokw[t] = tokw[t] & ~B(me); t = 0; seen = 0; goto restart }
 #else
+#ifdef WAIT_END_AFTER_TOKEN
        atomic { WAIT_TOKEN; WAIT_END; t = 0; seen = 0; goto restart }
+#else
+       atomic {
+           WAIT_TOKEN;
+           if
+           :: seen == CONF -> WAIT_END
+           :: else
+           fi;
+           t = 0; seen = 0; goto restart
+       }
+#endif
 #endif
     :: else
     fi;
