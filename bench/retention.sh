@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Retention at scale (docs/performance.md, "Retention at scale"; docs/design/generations.md):
+# what keeping claims a retention and then removing them costs, against a server where
+# nothing expires, measured side by side. Two servers of the same build run at the same
+# time, with the same settings and the same load:
+#   none    dedup.prune_interval = 0: nothing is ever removed;
+#   prune   dedup.retention = R, dedup.prune_interval = PRUNE_INTERVAL: today's worker
+#           deletes expired claims in batches (src/prune).
+# The load is CLIENTS pgbench clients per server, each calling try_claim_many of BATCH new
+# bigint jobs as fast as it can (bench/retention/claims.sql, claims only, no effect), and
+# one probe client per server claiming one new job PROBE_RATE times a second
+# (bench/retention/probe.sql), whose latencies are the claim latencies reported.
+# R is LIVE divided by the prune server's claim rate over a first CALIBRATE seconds, so
+# that about LIVE claims are live once claims arrive and expire at the same rate; the run
+# then lasts PERIODS + 1 retentions. Every SAMPLE seconds each server's WAL position,
+# claim table and primary key sizes, live and dead tuples and vacuum counts are recorded;
+# autovacuum's own log gives each vacuum's time.
+# Reported per retention period and server: claims/s and its ratio prune/none, WAL bytes
+# per claim and their ratio (in the periods after the first, every claim counted there
+# also has its removal's WAL counted: the steady state), sizes at the period's end, most
+# dead tuples seen, vacuums of the claim table and their time, and the probe's 99th
+# percentile and slowest claim.
+#
+# Env: DEDUP_PG_BINDIR (a tree with a release build of dedup installed), PORT (55480: it
+#      and the next), LIVE (20000000), RETENTION (seconds; skips the calibration),
+#      CALIBRATE (30), PERIODS (3), BATCH (1000), CLIENTS (1), RATE (claims/s per
+#      server; default as fast as the clients go), PROBE_RATE (20),
+#      SAMPLE (10), SHARED_BUFFERS (64MB), PRUNE_INTERVAL (seconds; default R/10, at
+#      least 1), OUT (results file)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bindir=${DEDUP_PG_BINDIR:-/usr/lib/postgresql/15/bin}
+PORT=${PORT:-55480}
+LIVE=${LIVE:-20000000}
+CALIBRATE=${CALIBRATE:-30}
+PERIODS=${PERIODS:-3}
+BATCH=${BATCH:-1000}
+CLIENTS=${CLIENTS:-1}
+PROBE_RATE=${PROBE_RATE:-20}
+SAMPLE=${SAMPLE:-10}
+SHARED_BUFFERS=${SHARED_BUFFERS:-64MB}
+OUT=${OUT:-/dev/null}
+as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+dir=$(mktemp -d /tmp/dedup-bench-retention-XXXX)
+[ "$(id -u)" -eq 0 ] && chown postgres "$dir"
+names=(none prune)
+stop() {
+    pkill -f "pgbench.*$dir" 2>/dev/null || true
+    for s in 0 1; do as_pg "$bindir/pg_ctl" -D "$dir/data$s" -m immediate stop >/dev/null 2>&1 || true; done
+    rm -rf "$dir"
+}
+trap stop EXIT
+psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -U postgres "$@"; }
+say() { echo "$*" | tee -a "$OUT"; }
+
+for s in 0 1; do
+    as_pg "$bindir/initdb" -D "$dir/data$s" -A trust --no-sync >/dev/null
+    # In postgresql.conf, not on the command line, where it would hide the prune server's
+    # ALTER SYSTEM below.
+    echo "dedup.prune_interval = 0" >>"$dir/data$s/postgresql.conf"
+    as_pg "$bindir/pg_ctl" -D "$dir/data$s" -l "$dir/log$s" -w -o "-p $((PORT + s)) -k $dir -c listen_addresses='' \
+        -c shared_preload_libraries=dedup -c synchronous_commit=off \
+        -c shared_buffers=$SHARED_BUFFERS -c max_wal_size=4GB -c log_autovacuum_min_duration=0 \
+        -c log_line_prefix='%m '" start >/dev/null
+    psql -p $((PORT + s)) -d postgres -c "CREATE DATABASE bench"
+    psql -p $((PORT + s)) -d bench -c "CREATE EXTENSION dedup" \
+         -c "ALTER DATABASE bench SET dedup.warn_outside_transaction = off"
+done
+
+# RATE claims/s per server, or as fast as the clients go.
+throttle=()
+[ -z "${RATE:-}" ] || throttle=(-R "$(python3 -c "print($RATE / $BATCH)")")
+# The load, in the background until killed: CLIENTS batch clients and one probe client per
+# server, each transaction logged (client, transaction, latency us, script, epoch s, us).
+load() {
+    for s in 0 1; do
+        "$bindir/pgbench" -h "$dir" -U postgres -p $((PORT + s)) -n -M prepared -c "$CLIENTS" -j 1 -T 100000 "${throttle[@]}" \
+            -D batch="$BATCH" -f "$here/retention/claims.sql" -l --log-prefix="$dir/$1-load$s" bench >/dev/null 2>&1 &
+        "$bindir/pgbench" -h "$dir" -U postgres -p $((PORT + s)) -n -M prepared -c 1 -j 1 -T 100000 -R "$PROBE_RATE" \
+            -f "$here/retention/probe.sql" -l --log-prefix="$dir/$1-probe$s" bench >/dev/null 2>&1 &
+    done
+}
+stop_load() { pkill -f "pgbench.*$dir" 2>/dev/null || true; wait 2>/dev/null || true; }
+# One sample of server $1: epoch, WAL position (bytes), heap and primary key bytes, live
+# and dead tuples, vacuums and autovacuums of the claim table.
+sample() {
+    psql -p $((PORT + $1)) -d bench -At -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()),
+        pg_current_wal_lsn() - '0/0'::pg_lsn, pg_relation_size('dedup.processed'),
+        pg_relation_size('dedup.processed_pkey'), n_live_tup, n_dead_tup, vacuum_count + autovacuum_count
+        FROM pg_stat_user_tables WHERE relid = 'dedup.processed'::regclass"
+}
+
+if [ -n "${RETENTION:-}" ]; then
+    R=$RETENTION
+    start=$(date +%s.%N)
+    load run
+else
+    start=$(date +%s.%N)
+    load run
+    sleep "$CALIBRATE"
+    claims=$(psql -p $((PORT + 1)) -d bench -At -c "SELECT count(*) FROM dedup.processed")
+    R=$(python3 -c "print(max(60, round($LIVE * $CALIBRATE / $claims)))")
+fi
+interval=${PRUNE_INTERVAL:-$(( R / 10 > 1 ? R / 10 : 1 ))}
+psql -p $((PORT + 1)) -d postgres -c "ALTER SYSTEM SET dedup.retention = '$R s'" \
+     -c "ALTER SYSTEM SET dedup.prune_interval = '$interval s'" -c "SELECT pg_reload_conf()" >/dev/null
+sleep 1
+[ "$(psql -p $((PORT + 1)) -d bench -At -c "SHOW dedup.prune_interval")" != 0 ] || { echo "the prune server did not take dedup.prune_interval" >&2; exit 1; }
+end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
+{ echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores"
+  echo "# two servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB"
+  echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
+  echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums"; } | tee -a "$OUT"
+while python3 -c "import sys, time; sys.exit(time.time() >= $end)"; do
+    for s in 0 1; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
+    sleep "$SAMPLE"
+done
+for s in 0 1; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
+stop_load
+
+# Each autovacuum or vacuum of dedup.processed the server logged: the time of its log line
+# (when it ended) and its elapsed time, read from the whole message (its continuation lines
+# start with a tab; a vacuum with index passes writes many).
+for s in 0 1; do
+    python3 - "$dir/log$s" "${names[$s]}" <<'PY' | tee -a "$OUT" >>"$dir/vacuums"
+import sys
+lines = open(sys.argv[1], errors="replace").read().split("\n")
+for i, line in enumerate(lines):
+    if 'vacuum of table "bench.dedup.processed"' in line:
+        when = " ".join(line.split()[:2])
+        k = i + 1
+        while k < len(lines) and lines[k].startswith("\t"):
+            if "elapsed:" in lines[k]:
+                print("vacuum", sys.argv[2], when, lines[k].split("elapsed:")[1].split()[0])
+            k += 1
+PY
+done
+
+python3 - "$dir" "$start" "$R" "$PERIODS" "$BATCH" "$CLIENTS" <<'PY' | tee -a "$OUT"
+import glob, sys, datetime
+d, start, R, periods, batch, clients = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+names = ["none", "prune"]
+def txns(prefix):
+    out = []
+    for f in glob.glob(prefix + "*"):
+        for line in open(f):
+            p = line.split()
+            if len(p) >= 6:
+                out.append((int(p[4]) + int(p[5]) / 1e6, int(p[2]) / 1000))
+    return out
+load = {n: txns(f"{d}/run-load{s}") for s, n in enumerate(names)}
+probe = {n: txns(f"{d}/run-probe{s}") for s, n in enumerate(names)}
+samples = {n: [] for n in names}
+for line in open(f"{d}/samples"):
+    p = line.split()
+    if len(p) == 9:
+        samples[p[1]].append([float(x) for x in p[2:]])
+vacuums = {n: [] for n in names}
+try:
+    for line in open(f"{d}/vacuums"):
+        p = line.split()
+        t = datetime.datetime.strptime(p[2] + " " + p[3], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
+        vacuums[p[1]].append((t, float(p[4])))
+except FileNotFoundError:
+    pass
+def at(n, t):
+    # the last sample at or before t (the first one if none)
+    best = samples[n][0]
+    for x in samples[n]:
+        if x[0] <= t:
+            best = x
+    return best
+print(f"# period: seconds from the start; claims/s (probe claims not counted); WAL bytes per claim; sizes at the period's end (MB); most dead tuples sampled; vacuums ended in the period and their seconds; probe p99 and slowest claim (ms)")
+for k in range(periods + 1):
+    t0, t1 = start + k * R, start + (k + 1) * R
+    row = {}
+    for n in names:
+        done = [x for x in load[n] if t0 <= x[0] < t1]
+        claims = len(done) * batch
+        a, b = at(n, t0), at(n, t1)
+        span = b[0] - a[0]
+        wal = (b[1] - a[1]) if span > 0 else 0
+        # claims in the sampled span, for WAL per claim
+        in_span = len([x for x in load[n] if a[0] <= x[0] < b[0]]) * batch + len([x for x in probe[n] if a[0] <= x[0] < b[0]])
+        lat = sorted(x[1] for x in probe[n] if t0 <= x[0] < t1)
+        p99 = lat[int(len(lat) * 0.99)] if lat else 0
+        dead = max([x[5] for x in samples[n] if t0 <= x[0] <= t1] or [0])
+        vac = [v for v in vacuums[n] if t0 <= v[0] < t1]
+        row[n] = dict(cps=claims / R, wpc=wal / in_span if in_span else 0, heap=b[2] / 1e6, pkey=b[3] / 1e6,
+                      live=b[4], dead=dead, vac=len(vac), vac_s=sum(v[1] for v in vac), p99=p99, worst=lat[-1] if lat else 0)
+    for n in names:
+        r = row[n]
+        print(f"period {k + 1} {n:5}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
+              f"live_tuples={r['live']:.0f} dead_tuples_max={r['dead']:.0f} vacuums={r['vac']} vacuum_s={r['vac_s']:.1f} "
+              f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f}")
+    if row["none"]["cps"] and row["none"]["wpc"]:
+        print(f"period {k + 1} ratio prune/none: claims/s {row['prune']['cps'] / row['none']['cps']:.3f}, WAL per claim {row['prune']['wpc'] / row['none']['wpc']:.3f}")
+PY
