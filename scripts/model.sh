@@ -4,8 +4,10 @@
 # then of each mutation, which must find the error it is meant to find. Needs spin
 # (apt-get install spin) and gcc only; builds and runs in a temporary directory.
 #   bash scripts/model.sh           the protocol (3 claimers), its progress check, aborts at
-#                                   any step (any number with 2 claimers, one with 3), and
-#                                   the mutations: about 35 s of CPU time
+#                                   any step (any number with 2 claimers, one with 3); the
+#                                   same with the epoch and a deleter (-DEPOCH -DDELETER;
+#                                   aborts with 2 claimers only); and the mutations: about
+#                                   85 s of CPU time and 1.2 GB of memory
 #   bash scripts/model.sh --full    also any number of aborts with 3 claimers: about 2
 #                                   more minutes and 2 GB of memory
 set -euo pipefail
@@ -120,6 +122,11 @@ protocol "protocol, one abort at any step, 3 claimers" "-DSAFETY" "" -DKILL -DKI
 if [ -n "$full" ]; then
     protocol "protocol, aborts at any step, 3 claimers" "-DSAFETY" "" -DKILL
 fi
+# With the epoch (a stale generation list) and a deleter (forget, a lease moving).
+protocol "protocol, epoch and deleter" "-DSAFETY" "" -DEPOCH -DDELETER
+protocol "protocol, epoch and deleter, progress" "-DNP" "-l" -DEPOCH -DDELETER
+protocol "protocol, epoch and deleter, aborts at any step, 2 claimers" "-DSAFETY" "" \
+    -DEPOCH -DDELETER -DKILL -DNC=2
 
 # The mutations. -E (ignore invalid end states) when the error must be an assertion
 # violation, -A (ignore assertions) when it must be an invalid end state, so that pan's
@@ -129,6 +136,16 @@ mutation CHECK_BEFORE_INSERT 'assertion violated .*wins' "-DSAFETY" "-E" -DCHECK
 mutation BOTH_WAIT 'invalid end state' "-DSAFETY" "-A" -DBOTH_WAIT
 mutation WAIT_END_AFTER_TOKEN 'invalid end state' "-DSAFETY" "-A" -DWAIT_END_AFTER_TOKEN
 mutation NO_WAIT 'non-progress cycle' "-DNP" "-l -A -E" -DNO_WAIT
+mutation "NO_RECHECK (epoch)" 'assertion violated .*sealed' "-DSAFETY" "-E" -DEPOCH -DNO_RECHECK
+mutation NO_EPOCH_AFTER_INSERT 'assertion violated .*wins' "-DSAFETY" "-E" \
+    -DEPOCH -DDELETER -DNO_EPOCH_AFTER_INSERT
+mutation CACHE_ODD_EPOCH 'assertion violated .*wins' "-DSAFETY" "-E" \
+    -DEPOCH -DDELETER -DCACHE_ODD_EPOCH
+mutation ONE_INCREMENT 'invalid end state' "-DSAFETY" "-A" -DEPOCH -DDELETER -DONE_INCREMENT
+mutation NO_INCREMENT_BEFORE 'assertion violated .*wins' "-DSAFETY" "-E" \
+    -DEPOCH -DDELETER -DNO_INCREMENT_BEFORE
+mutation NO_WAIT_DELETER 'assertion violated .*wins' "-DSAFETY" "-E" \
+    -DEPOCH -DDELETER -DNO_WAIT_DELETER
 
 if [ "$failed" -ne 0 ]; then
     echo "[model] FAILED ($((SECONDS - start)) s)" >&2

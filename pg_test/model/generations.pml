@@ -38,11 +38,40 @@
  *      to a savepoint taken before the claim, and a killed backend). On abort T's row
  *      disappears; on commit a confirmed row becomes committed.
  *
+ * THE EPOCH (-DEPOCH): step 1 and a step 4a between 3 and 4 change as follows. The
+ * rotator's R1 becomes three steps: epoch++; current := N (the publication commits);
+ * epoch++. A claimer caches a generation list, {O} (loaded before the commit) or {O, N}
+ * (after), with the epoch it read before loading it (loading is a later step than that
+ * read, so the rotator may move in between). At the start a claimer either is registered
+ * on O already (init decides: an earlier claim of its transaction holds O's lock, and in
+ * PostgreSQL it then skips invalidations) with the list {O} at epoch 0, or loads the list.
+ *   1. g := the current generation of its list; register on g; read the epoch: if it is
+ *      not the cached one, cache the value read, reload the list and go back to 1.
+ *   4a. After its insertion, read the epoch again: if it moved, cache it and reload the
+ *      list (g stays). Step 4 cross-checks the other generation only if it is in the list
+ *      (a claimer in O with the list {O} goes straight to 5).
+ *   Each epoch read first waits until the epoch is even (a publication is not between its
+ *   two increments). The design as written does not have this wait; without it the
+ *   claim is not safe (mutation CACHE_ODD_EPOCH below). In PostgreSQL the wait would be a
+ *   short poll: the worker's publication transaction waits for no claimer.
+ *
+ * THE DELETER (-DDELETER): at any time (or never) it starts deleting k's committed row,
+ * in whichever generation it is (dedup.forget, or the old row of a lease that moves): the
+ * row becomes DEL, a committed row whose deleter is in progress (a dirty snapshot shows
+ * it with xmax set); then it commits (the row is gone, and the key starts a new life:
+ * `wins` is reset) or aborts (the row is committed again). One deletion per run.
+ *   - In step 2 a DEL row makes the claimer wait for the deleter's end, then redo 2 (as
+ *     check_exclusion_or_unique_constraint does); in step 3 it is live, so the insertion
+ *     conflicts and goes back to 2.
+ *   - In step 4 a DEL row makes the claimer kill its row, release its token, wait for the
+ *     deleter's end and go to 1, in either generation.
+ *
  * PROPERTIES
  *
- *   - Safety: at most one committed row for k across O and N, asserted at each commit
- *     (the only step that makes a committed row); at most one transaction commits with
- *     outcome true (the counter `wins`, asserted <= 1).
+ *   - Safety: at each commit with outcome true, no other committed row of k in O or N,
+ *     a row being deleted included (COMMITTED <= 1 after the commit; also asserted when
+ *     the deleter aborts); at most one transaction commits with outcome true per life of
+ *     the key (the counter `wins`, asserted <= 1, reset when a deletion commits).
  *   - Seal: no row is inserted into O once sealed, asserted at every insertion into O,
  *     including an insertion that conflicts and is killed at once.
  *   - No deadlock: every wait is a blocking condition and no statement carries an end
@@ -61,13 +90,22 @@
  *     among the remaining claimers is still reported. -DKILL_ONE allows one abort only.
  *     With 3 claimers and any number of aborts the search stores 2.9e7 states (about
  *     2 minutes and 2 GB), so scripts/model.sh runs that only with --full; by default it
- *     runs any number of aborts with 2 claimers and one abort with 3.
+ *     runs any number of aborts with 2 claimers and one abort with 3. With -DEPOCH
+ *     -DDELETER, one abort with 3 claimers stores 1.1e8 states (about 4 minutes, 9 GB;
+ *     5 minutes and 5.5 GB with pan compiled with -DCOLLAPSE; no error): not run by
+ *     scripts/model.sh.
  *
  * WHAT IS ABSTRACTED
  *
  *   - One key; no other keys or tables. Deadlocks through claims of several keys in one
  *     transaction (which exist with one table too, for keys claimed in opposite orders)
- *     are not modelled, nor are deletions (pruning) of rows.
+ *     are not modelled. Deletions: one deletion of the committed row per run (-DDELETER);
+ *     a lease move's insertion of the new row, pruning, and a delete that waits on a row
+ *     lock are not modelled. A claimer's own earlier claim of k is not modelled.
+ *   - The epoch (-DEPOCH): two generations only, so a list is {O} or {O, N}; the lock on
+ *     a generation the claimer may cross-check (ACCESS SHARE) is not modelled (nothing
+ *     here conflicts with it); a reload is one atomic read of `current`, made with a new
+ *     catalog snapshot. Without -DEPOCH step 1 re-reads `current` directly, as before.
  *   - Each claimer is one transaction with one claim; a later claim of the same key by
  *     the same session is another claimer.
  *   - Sequential consistency: `current`, the lock table and the index pages are read and
@@ -101,6 +139,8 @@
  *   -DNO_RECHECK (assertion violated: insertion into O after sealed): step 1 does not read
  *     current again. A claimer reads current = O; the rotator publishes N, takes its
  *     snapshot without that claimer and seals; the claimer registers on O and inserts.
+ *     With -DEPOCH: step 1 does not read the epoch; a claimer that loaded {O} before the
+ *     publication registers on O after the rotator's snapshot and inserts.
  *   -DCHECK_BEFORE_INSERT (assertion violated: wins <= 1): the cross-check of step 4 runs
  *     before the insertion of step 3 and not after. A claimer in O and one in N each find
  *     the other generation empty, insert into their own, confirm and commit.
@@ -127,6 +167,34 @@
  *   -DNO_WAIT (non-progress cycle, with -DNP): a claimer that gives way in step 4 starts
  *     over at once instead of waiting for T'. While T' stays in flight, the claimer in N
  *     inserts, finds T''s row, kills its own and inserts again, without end.
+ *   -DNO_EPOCH_AFTER_INSERT (with -DEPOCH; assertion violated: wins <= 1): no step 4a.
+ *     A, registered on O with {O} at epoch 0, reads epoch 0 in step 1; the rotator
+ *     publishes (epoch 1, commit, epoch 2). B loads {O, N}, inserts into N, cross-checks
+ *     O (empty), confirms. A inserts into O, cross-checks nothing (its list is {O}),
+ *     confirms. Both commit.
+ *   -DCACHE_ODD_EPOCH (with -DEPOCH; assertion violated: wins <= 1): the design as
+ *     written: the epoch reads do not wait for an even value. The rotator increments
+ *     (epoch 1). A, registered on O with {O} at epoch 0, reads 1 in step 1, caches it and
+ *     reloads: the publication has not committed, so the list is {O} at epoch 1. The
+ *     publication commits; the second increment has not happened yet. A starts over:
+ *     epoch 1, its cache, so it goes on in O. B loads {O, N} at epoch 1, inserts into N,
+ *     cross-checks O (empty) and confirms. A inserts into O, reads epoch 1 again in 4a
+ *     (unchanged), cross-checks nothing, confirms. Both commit, before the second
+ *     increment.
+ *   -DONE_INCREMENT (with -DEPOCH; invalid end state): no increment after the commit.
+ *     The epoch stays odd, so every claimer waits in its epoch read for ever. (With
+ *     -DCACHE_ODD_EPOCH as well it fails as CACHE_ODD_EPOCH does, which the second
+ *     increment does not prevent either.)
+ *   -DNO_INCREMENT_BEFORE (with -DEPOCH; assertion violated: wins <= 1): the epoch moves
+ *     by 2 after the commit only. A, registered on O with {O} at epoch 0, reads 0 in
+ *     step 1; the publication commits; B loads {O, N} at epoch 0 (before the increment),
+ *     inserts into N, cross-checks O (empty) and confirms; A inserts into O, reads 0 in
+ *     4a, cross-checks nothing and confirms.
+ *   -DNO_WAIT_DELETER (with -DDELETER; assertion violated: wins <= 1): a claimer treats
+ *     a row being deleted as gone (step 2: goes on to insert; step 4: confirms). A
+ *     commits its row in O; the deleter starts deleting it; B, in N, cross-checks O, finds
+ *     the row being deleted, confirms and commits while A's row is still committed: if
+ *     the deleter aborts, k has two committed rows.
  */
 
 #ifndef NC
@@ -136,11 +204,13 @@
 #define O 0
 #define N 1
 
-/* Row states; a committed row stays after its claimer has ended. */
+/* Row states; a committed row stays after its claimer has ended. DEL: a committed row
+ * whose deleter is in progress (a dirty snapshot shows it, with xmax set). */
 #define NONE 0
 #define SPEC 1
 #define CONF 2
 #define COMM 3
+#define DEL  4
 
 #define B(i) (1 << (i))
 
@@ -151,19 +221,27 @@ bit rg[NC];      /* rg[i]: the generation that row is in */
 byte regO;       /* claimers registered on O (lock held), as a bit mask */
 byte ended;      /* claimers whose transaction has ended */
 byte tokw[NC];   /* tokw[i]: claimers waiting for claimer i's speculative token */
-byte wins;       /* commits with outcome true */
+byte wins;       /* commits with outcome true (since the last committed deletion) */
 #ifdef KILL
 byte killed;     /* claimers the killer has aborted */
+#endif
+#ifdef EPOCH
+byte epoch;      /* the shared-memory epoch */
+#endif
+#ifdef DELETER
+bool dend;       /* the deleter's transaction has ended (or it chose not to delete) */
 #endif
 
 /* A live row of another claimer than `me` in generation x, seen by an index scan. */
 #define LIVE(j, x) (me != j && rs[j] != NONE && rg[j] == x)
+/* A committed row, being deleted or not. */
+#define CMT(j) (rs[j] == COMM || rs[j] == DEL)
 #if NC >= 3
 #define ANY_LIVE(x) (LIVE(0, x) || LIVE(1, x) || LIVE(2, x))
-#define COMMITTED ((rs[0] == COMM) + (rs[1] == COMM) + (rs[2] == COMM))
+#define COMMITTED (CMT(0) + CMT(1) + CMT(2))
 #else
 #define ANY_LIVE(x) (LIVE(0, x) || LIVE(1, x))
-#define COMMITTED ((rs[0] == COMM) + (rs[1] == COMM))
+#define COMMITTED (CMT(0) + CMT(1))
 #endif
 
 /* One atomic look-up of generation x: seen := the state of a live row of another
@@ -193,20 +271,72 @@ inline kill_own() {
     atomic { rs[me] = NONE; tokw[me] = 0 }
 }
 
-/* The two waits: for t's token (a wait lookup recorded), and for t's end. */
+/* The waits: for t's token (a wait lookup recorded), for t's end, for the deleter's end. */
 #define WAIT_TOKEN  (!(tokw[t] & B(me)))
 #define WAIT_END    (ended & B(t))
+#define WAIT_DEL    (dend)
+
+#ifdef EPOCH
+/* Read the epoch; if it differs from the cached one, cache the value read and mark the
+ * list for a reload (done in the next step, so the rotator may move in between). An odd
+ * value means a publication is under way (after the increment before its commit, before
+ * the one after): the claimer waits until it is even (in PostgreSQL: polls). The design
+ * as written (-DCACHE_ODD_EPOCH) does not. */
+inline epoch_read() {
+    atomic {
+#ifndef CACHE_ODD_EPOCH
+        (epoch & 1) == 0;
+#endif
+        if
+        :: epoch != ce -> ce = epoch; reload = true
+        :: else
+        fi
+    }
+}
+#endif
 
 proctype Claimer(byte me) {
     bit g;
     byte t, seen;
     bool conflict;
+#ifdef EPOCH
+    bit lc;          /* the cached generation list: O for {O}, N for {O, N} */
+    byte ce;         /* the epoch read before that list was loaded */
+    bool reload;
+#endif
 
 #ifdef KILL
     {
     skip;   /* a block may not start with a label */
 #endif
+#ifdef EPOCH
+    /* the list: a claimer registered on O at the start (init) has it cached from
+     * before the publication, {O} with epoch 0; any other loads it now */
+    if
+    :: regO & B(me)
+    :: else -> ce = epoch; lc = current
+    fi;
+#endif
 restart:
+#ifdef EPOCH
+    /* 1: g := the current generation of the cached list; register on it (take the lock,
+     * held to the end of T); read the epoch: if it is not the cached one, reload the list
+     * (keeping the epoch read before the reload) and go back to 1 */
+    atomic {
+        g = lc;
+        if
+        :: g == O -> regO = regO | B(me)
+        :: else
+        fi
+    }
+#ifndef NO_RECHECK
+    epoch_read();
+    if
+    :: reload -> atomic { lc = current; reload = false; goto restart }
+    :: else
+    fi;
+#endif
+#else
     /* 1: read current, register on it (take the lock), read current again */
     g = current;
     atomic {
@@ -223,6 +353,7 @@ restart:
         fi
     }
 #endif
+#endif
 
 check:
     /* 2: unique check in g; a wait ends the atomic step (a blocked statement gives up
@@ -238,6 +369,13 @@ check:
 #endif
            t = 0; seen = 0; goto check
         :: seen == CONF -> WAIT_END; t = 0; seen = 0; goto check
+#ifdef DELETER
+#ifdef NO_WAIT_DELETER
+        :: seen == DEL -> t = 0; seen = 0     /* the mutation: as if it were gone */
+#else
+        :: seen == DEL -> WAIT_DEL; t = 0; seen = 0; goto check
+#endif
+#endif
         fi
     }
 
@@ -252,13 +390,17 @@ precheck:
         :: seen == SPEC && g == O -> WAIT_TOKEN; t = 0; seen = 0; goto precheck
         :: seen == SPEC && g == N -> WAIT_TOKEN; WAIT_END; t = 0; seen = 0; goto restart
         :: seen == CONF -> WAIT_END; t = 0; seen = 0; goto restart
+#ifdef DELETER
+        :: seen == DEL -> WAIT_DEL; t = 0; seen = 0; goto restart
+#endif
         fi
     }
 #endif
 
     /* 3: take a token and insert a speculative row into g, atomically with the unique
-     * index's look for a live row of another claimer; on a conflict, kill the row,
-     * release the token and go back to 2 (others may see the row until then) */
+     * index's look for a live row of another claimer (a row being deleted is live); on a
+     * conflict, kill the row, release the token and go back to 2 (others may see the row
+     * until then) */
     atomic {
         assert(g == N || !sealed);
         conflict = ANY_LIVE(g);
@@ -271,6 +413,21 @@ precheck:
     fi;
 
 #ifndef CHECK_BEFORE_INSERT
+#ifdef EPOCH
+#ifndef NO_EPOCH_AFTER_INSERT
+    /* 4a: read the epoch again; if it moved, reload the list (g stays: our row is in it) */
+    epoch_read();
+    if
+    :: reload -> atomic { lc = current; reload = false }
+    :: else
+    fi;
+#endif
+    /* a claimer in O whose list is {O} has no other generation to cross-check */
+    if
+    :: g == O && lc == O -> goto confirm
+    :: else
+    fi;
+#endif
 xcheck:
     /* 4: cross-check the other generation */
     atomic {
@@ -285,6 +442,13 @@ xcheck:
         :: seen == SPEC && g == N -> skip
 #endif
         :: seen == CONF -> skip
+#ifdef DELETER
+#ifdef NO_WAIT_DELETER
+        :: seen == DEL -> seen = NONE         /* the mutation: as if it were gone */
+#else
+        :: seen == DEL -> skip
+#endif
+#endif
         fi
     }
     if
@@ -292,7 +456,8 @@ xcheck:
        /* in flight, and we give way: kill own row, release the token; if T''s row was
         * speculative wait for its token only, as PostgreSQL's own check does, and start
         * over, looking again (it may have been killed, or confirmed: then the next look
-        * waits for T''s end); if it was confirmed, wait for T''s end; start over */
+        * waits for T''s end); if it was confirmed, wait for T''s end; if it is being
+        * deleted, wait for the deleter's end; start over */
        kill_own();
 #ifdef NO_WAIT
        atomic { tokw[t] = tokw[t] & ~B(me); t = 0; seen = 0; goto restart }
@@ -304,6 +469,9 @@ xcheck:
            WAIT_TOKEN;
            if
            :: seen == CONF -> WAIT_END
+#ifdef DELETER
+           :: seen == DEL -> WAIT_DEL
+#endif
            :: else
            fi;
            t = 0; seen = 0; goto restart
@@ -314,6 +482,7 @@ xcheck:
     fi;
 #endif
 
+confirm:
     /* 5: confirm own row, release the token: outcome true */
     atomic { rs[me] = CONF; tokw[me] = 0 };
 
@@ -326,6 +495,7 @@ finish:
               rs[me] = COMM;
               wins++;
               assert(wins <= 1);
+              /* no other committed row of k, in either generation, being deleted or not */
               assert(COMMITTED <= 1)
            :: else
            fi;
@@ -352,6 +522,9 @@ finish:
             tokw[2] = tokw[2] & ~B(me);
 #endif
             t = 0; seen = 0; conflict = false;
+#ifdef EPOCH
+            reload = false;
+#endif
             regO = regO & ~B(me);
             ended = ended | B(me)
         }
@@ -361,11 +534,53 @@ finish:
 
 proctype Rotator() {
     byte snap;
+#ifdef EPOCH
+#ifndef NO_INCREMENT_BEFORE
+    epoch++;                        /* R1: the epoch before the publication commits, */
+#endif
+    current = N;                    /*     the publication, */
+#ifdef NO_INCREMENT_BEFORE
+    epoch = epoch + 2;              /*     the mutation: only after the commit */
+#else
+#ifndef ONE_INCREMENT
+    epoch++;                        /*     the epoch again */
+#endif
+#endif
+#else
     current = N;                    /* R1: publish */
+#endif
     snap = regO;                    /* R2: the lockers of O at this moment ... */
     ((snap & ended) == snap);       /*     ... each of them has ended */
     atomic { snap = 0; sealed = true }   /* R3 */
 }
+
+#ifdef DELETER
+/* One deletion of k's committed row (dedup.forget, the old row of a lease that moves),
+ * started at any time, in whichever generation the row is; or none. */
+proctype Deleter() {
+    byte j;
+    atomic {
+        if
+        :: rs[0] == COMM -> j = 0
+        :: rs[1] == COMM -> j = 1
+#if NC >= 3
+        :: rs[2] == COMM -> j = 2
+#endif
+        :: true -> j = NC
+        fi;
+        if
+        :: j < NC -> rs[j] = DEL
+        :: else -> dend = true; goto done
+        fi
+    }
+    if
+    :: atomic { rs[j] = NONE; wins = 0; j = 0; dend = true }      /* commit: a new life */
+    :: atomic { rs[j] = COMM; assert(COMMITTED <= 1); j = 0; dend = true }   /* abort */
+    fi;
+done:
+    skip
+}
+#endif
 
 #ifdef KILL
 /* Aborts unfinished claimers (any number of them, or one with -DKILL_ONE), each at any
@@ -391,9 +606,20 @@ init {
     byte i;
     atomic {
         for (i : 0 .. NC - 1) {
+#ifdef EPOCH
+            /* claimer i may be registered on O already, by an earlier claim of its
+             * transaction, with the list {O} cached at epoch 0 */
+            if
+            :: regO = regO | B(i)
+            :: skip
+            fi;
+#endif
             run Claimer(i)
         }
         run Rotator();
+#ifdef DELETER
+        run Deleter();
+#endif
 #ifdef KILL
         run Killer()
 #endif
