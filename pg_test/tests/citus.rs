@@ -1183,8 +1183,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
         .batch_execute(
             "SELECT dedup.set_retention('old', interval '1 hour');
              BEGIN; SELECT dedup.try_claim('old-' || g, 'old') FROM generate_series(1, 400) g; COMMIT;
-             SELECT dedup.lease('old-lease', 'old', interval '30 minutes');
-             UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE scope = 'old';",
+             SELECT dedup.lease('old-lease', 'old', interval '30 minutes');",
         )
         .await?;
     let retention: String = w2
@@ -1201,6 +1200,24 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
     )
     .await?;
     ensure!(placements == 2, "shards on {placements} nodes");
+    // Each worker's background pass (every 2 s here) would prune the aged claims too. A
+    // transaction on each worker takes the prune lock first (a dedup.prune() that finds
+    // nothing expired yet; it waits for a pass in progress) and holds it, so no pass
+    // starts until that transaction's own dedup.prune() below has counted what it deleted.
+    for (i, c) in [&w1, &w2].into_iter().enumerate() {
+        c.batch_execute("BEGIN").await?;
+        let n = one_i64(c, "SELECT dedup.prune('old')").await?;
+        ensure!(
+            n == 0,
+            "worker {} pruned {n} claims that had not expired",
+            i + 1
+        );
+    }
+    coord
+        .batch_execute(
+            "UPDATE dedup.processed SET processed_at = now() - interval '2 hours' WHERE scope = 'old'",
+        )
+        .await?;
     // dedup.prune() on each node deletes what that node's shards hold, bounded per batch.
     let mut deleted = 0;
     for (i, c) in [&coord, &w1, &w2].into_iter().enumerate() {
@@ -1210,6 +1227,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
             ensure!(n == 0, "the coordinator holds no shard, pruned {n}");
         } else {
             ensure!(n > 0, "worker {i} pruned nothing");
+            c.batch_execute("COMMIT").await?;
         }
         deleted += n;
     }
