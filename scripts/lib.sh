@@ -10,6 +10,13 @@ source "$ROOT/scripts/pg.sh"
 DEDUP_PG_MAJOR=${DEDUP_PG_MAJOR:-15}
 export DEDUP_PG_MAJOR
 
+# The integration tests left out where a run covers the core only (the majors between the
+# oldest and the newest, and the portable edition's plain script): the client examples and
+# the experiment, and the long tests of the worker, the soak, the fuzzing, the counters and
+# the docs. What stays is the core: claims, leases, batches, concurrency, crashes,
+# isolation, the upgrade.
+DEDUP_CORE_SKIP="examples:: experiment:: worker:: soak:: fuzz:: stats:: docs::"
+
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 # Point the build and the tests at one major's tree (scripts/pg.sh), once setup installed it.
