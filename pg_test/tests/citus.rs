@@ -1146,7 +1146,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
     let w2 = node(&cc, 2).await?;
     let first = coord
         .query_one(
-            "SELECT status, lease_id FROM dedup.lease('lease-1', 'default', interval '1 second')",
+            "SELECT status, lease_id FROM dedup.lease('lease-1', 'default', interval '3 seconds')",
             &[],
         )
         .await?;
@@ -1156,7 +1156,7 @@ async fn leases_across_nodes_and_pruning_of_every_shard(cc: Cc) -> Result<()> {
         .await?
         .get(0);
     ensure!(busy == "busy", "second holder while the lease runs: {busy}");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
     let mut takers = Vec::new();
     for c in [&w1, &w2] {
         let r = c

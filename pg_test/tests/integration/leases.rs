@@ -86,7 +86,7 @@ pub async fn crashed_holder_lease_is_taken_over_once(ctx: Ctx) -> Result<()> {
     const CALLERS: usize = 8;
     let observer = ctx.connect().await?;
     let dead = ctx.connect().await?;
-    let (status, first) = lease(&dead, "charge-1", "2 seconds").await?;
+    let (status, first) = lease(&dead, "charge-1", "5 seconds").await?;
     ensure_eq(status.as_str(), "acquired", "first lease")?;
     let first = first.context("no lease id")?;
     // The holder dies before completing (its lease was committed by dedup.lease).
@@ -103,7 +103,7 @@ pub async fn crashed_holder_lease_is_taken_over_once(ctx: Ctx) -> Result<()> {
         "busy",
         "lease before expiry",
     )?;
-    tokio::time::sleep(Duration::from_millis(2200)).await;
+    tokio::time::sleep(Duration::from_millis(5200)).await;
     let (conns, acquired, _busy) = race(conns, "charge-1").await?;
     ensure_eq(
         acquired.len(),

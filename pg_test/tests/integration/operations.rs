@@ -49,7 +49,7 @@ pub async fn duplicate_ages_late_copies_and_waits(_ctx: Ctx) -> Result<()> {
              SELECT dedup.try_claim(j, 'ages') FROM unnest(ARRAY['a1', 'a2', 'a3', 'a4']) AS j;
              COMMIT;
              UPDATE dedup.processed SET processed_at = now() - CASE job_id
-                 WHEN 'a1' THEN interval '0.5 seconds' WHEN 'a2' THEN interval '30 seconds'
+                 WHEN 'a1' THEN interval '0.1 seconds' WHEN 'a2' THEN interval '30 seconds'
                  WHEN 'a3' THEN interval '40 minutes' ELSE interval '2 days' END
               WHERE scope = 'ages';",
         )
