@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `make test`: set up everything (scripts/setup.sh), then pass every test on every supported PostgreSQL major
-# (15, 16, 17, 18), each in the project's own server tree (scripts/pg.sh). `make test PG=17`
-# (or PG="16 18") runs those majors only.
-#   1. formatting, clippy (-D warnings) for the oldest and the newest major's build, the unit tests of the
-#      project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py), the
+# `make test`: set up everything (scripts/setup.sh), then pass the tests on every supported
+# PostgreSQL major (15, 16, 17, 18), each in the project's own server tree (scripts/pg.sh).
+# `make test PG=17` (or PG="16 18") runs those majors only; every test on a major given alone.
+#   1. formatting, clippy (-D warnings) for the oldest and the newest major's build, the unit
+#      tests of the project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py), the
 #      alerting rules, the SPIN model of the generations' claim protocol (scripts/model.sh)
 #   then for each major (the whole suite on the oldest and the newest, the core on the
 #   majors between them, so that a new machine's `.ci/run` stays under an hour):
