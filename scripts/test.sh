@@ -16,8 +16,8 @@
 #      one major (DEDUP_FULL_MAJOR, default 18: the newest), which is enough: they exercise
 #      the clients, not the server; so do the client packages (clients/*/test.sh: each
 #      installed from its built artifact into a new project, with its framework and broker).
-#   4. on the oldest and the newest of the majors Citus supports (16 and 18 of CITUS_MAJORS
-#      in scripts/pg.sh; `make test PG=17` runs them on 17), the Citus tests in
+#   4. on the newest of the majors tested that Citus supports (18; `make test PG=17` runs
+#      them on 17: citus_test_major in scripts/pg.sh), the Citus tests in
 #      pg_test/tests/citus.rs: a coordinator and two workers, claims from every node,
 #      crashes, a shard move, the experiment with a consumer on each node
 #   5. the package of that major (scripts/package-test.sh)
@@ -31,13 +31,7 @@ majors=$(pg_majors)
 full_major=${DEDUP_FULL_MAJOR:-18}
 oldest=$(echo $majors | awk '{print $1}')
 newest=$(echo $majors | awk '{print $NF}')
-# The Citus majors among those tested, and of them the oldest and the newest.
-citus_here=()
-for major in $majors; do
-    [[ " ${CITUS_MAJORS[*]} " != *" $major "* ]] || citus_here+=("$major")
-done
-citus_ends=" "
-[ ${#citus_here[@]} -eq 0 ] || citus_ends=" ${citus_here[0]} ${citus_here[${#citus_here[@]}-1]} "
+citus_major=$(citus_test_major)
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -102,7 +96,7 @@ for major in $majors; do
             PG_BINDIR=$DEDUP_PG_BINDIR bash "$client"
         done
     fi
-    if [[ "$citus_ends" == *" $major "* ]]; then
+    if [ "$major" = "$citus_major" ]; then
         step "PostgreSQL $major: the Citus tests (a coordinator and two workers)"
         cargo test -p dedup-pg-test --test citus
     fi
