@@ -17,7 +17,11 @@ export DEDUP_PG_MAJOR
 # isolation, the upgrade.
 DEDUP_CORE_SKIP="examples:: experiment:: worker:: soak:: fuzz:: stats:: docs::"
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# Each step says when it began, in seconds since the first script of the run sourced this
+# file (DEDUP_RUN_STARTED, inherited by the scripts it runs): where a slow run's time went.
+DEDUP_RUN_STARTED=${DEDUP_RUN_STARTED:-$(date +%s)}
+export DEDUP_RUN_STARTED
+step() { printf '\n==> %s  [at %s s]\n' "$*" $(($(date +%s) - DEDUP_RUN_STARTED)) >&2; }
 
 # Point the build and the tests at one major's tree (scripts/pg.sh), once setup installed it.
 use_major() {
