@@ -47,9 +47,13 @@
  * PostgreSQL it then skips invalidations) with the list {O} at epoch 0, or loads the list.
  *   1. g := the current generation of its list; register on g; read the epoch: if it is
  *      not the cached one, cache the value read, reload the list and go back to 1.
- *   4a. After its insertion, read the epoch again: if it moved, cache it and reload the
- *      list (g stays). Step 4 cross-checks the other generation only if it is in the list
- *      (a claimer in O with the list {O} goes straight to 5).
+ *   4a. After its insertion, read the epoch again: if it moved, cache it, kill its own row
+ *      (releasing its token), reload the list and go back to 1: in PostgreSQL a reload
+ *      there would lock the new generations with the token held, which the design never
+ *      does. (-DRELOAD_AT_4A instead reloads and goes on with g, the first design: also
+ *      sound here, where locks are not modelled.) Step 4 cross-checks the other
+ *      generation only if it is in the list (a claimer in O with the list {O} goes
+ *      straight to 5).
  *   Each epoch read first waits until the epoch is even (a publication is not between its
  *   two increments). The design as written does not have this wait; without it the
  *   claim is not safe (mutation CACHE_ODD_EPOCH below). In PostgreSQL the wait would be a
@@ -415,10 +419,15 @@ precheck:
 #ifndef CHECK_BEFORE_INSERT
 #ifdef EPOCH
 #ifndef NO_EPOCH_AFTER_INSERT
-    /* 4a: read the epoch again; if it moved, reload the list (g stays: our row is in it) */
+    /* 4a: read the epoch again; if it moved, give up the row and the token, reload the
+     * list and start over (with -DRELOAD_AT_4A: reload and go on, g stays) */
     epoch_read();
     if
+#ifdef RELOAD_AT_4A
     :: reload -> atomic { lc = current; reload = false }
+#else
+    :: reload -> kill_own(); atomic { lc = current; reload = false; goto restart }
+#endif
     :: else
     fi;
 #endif
