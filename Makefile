@@ -7,7 +7,7 @@ demo:  ## build and install the extension, run the guide's experiment and print 
 demo-sessions:  ## build and install the extension, show two sessions racing for one job
 	bash scripts/demo.sh sessions
 
-test:  ## set up everything and pass every test, on every major (PG=17 for one)
+test:  ## set up everything and pass the tests on every major (PG=17: every test on one)
 	PG="$(PG)" bash scripts/test.sh
 
 soak:  ## the long soak of docs/operations.md: claims, batches, leases and offsets under disruptions for HOURS (default 6) on PG (default 17)

@@ -7,7 +7,7 @@
 #                                   any step (any number with 2 claimers, one with 3); the
 #                                   same with the epoch and a deleter (-DEPOCH -DDELETER;
 #                                   aborts with 2 claimers only); and the mutations: about
-#                                   85 s of CPU time and 1.2 GB of memory
+#                                   105 s of CPU time and 1.2 GB of memory
 #   bash scripts/model.sh --full    also any number of aborts with 3 claimers: about 2
 #                                   more minutes and 2 GB of memory
 set -euo pipefail
