@@ -3,10 +3,9 @@
 # throwaway Citus cluster (a coordinator and two workers) of the project's tree of
 # CITUS_BENCH_MAJOR (default 17). Results are appended to bench/results/<commit>-citus.txt.
 source "$(dirname "$0")/lib.sh"
-bash scripts/setup.sh
 major=${CITUS_BENCH_MAJOR:-17}
+PG=$major bash scripts/setup.sh   # Citus into this major's tree (citus_test_major)
 use_major "$major"
-bash scripts/citus.sh "$major"   # setup builds Citus for the tests' major only
 cargo build --quiet -p dedup-pg-test --bin with-server
 commit=$(git log -1 --format=%h -- src sql Cargo.toml dedup.control)$(git diff --quiet HEAD -- src sql Cargo.toml || echo "-dirty")
 mkdir -p bench/results

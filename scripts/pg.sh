@@ -34,8 +34,9 @@ pg_majors() {
 # among the majors a command works on (18 for `make test`, 16 for `make test PG=16`);
 # nothing when none of them is one (`make test PG=15`).
 citus_test_major() {
-    local m last=
-    for m in $(pg_majors); do
+    local m ms last=
+    ms=$(pg_majors) || return 1
+    for m in $(echo "$ms" | sort -n); do
         [[ " ${CITUS_MAJORS[*]} " != *" $m "* ]] || last=$m
     done
     echo "$last"

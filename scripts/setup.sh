@@ -179,7 +179,7 @@ fi
 # --- Citus, for the scale-out tests (scripts/citus.sh: the vendored source, built once
 # into the tree of the major the Citus tests run on, citus_test_major in scripts/pg.sh),
 # and pg_tle for the portable edition's -----------------------------------------------------
-citus_major=$(citus_test_major)
+citus_major=$(citus_test_major) || exit 2
 [ -z "$citus_major" ] || bash "$ROOT/scripts/citus.sh" "$citus_major"
 bash "$ROOT/scripts/pgtle.sh"
 

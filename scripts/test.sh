@@ -5,8 +5,9 @@
 #   1. formatting, clippy (-D warnings) for the newest major's build, the unit
 #      tests of the project's tools (the doctest parser, the scripts, scripts/test_sql_tools.py), the
 #      alerting rules, the SPIN model of the generations' claim protocol (scripts/model.sh)
-#   then for each major (the whole integration suite on the oldest and the newest, the core on the
-#   majors between them, so that a new machine's `.ci/run` stays under an hour):
+#   then for each major (the whole integration suite on the oldest and the newest, the
+#   clients' examples and experiment on the newest only; the core on the majors between
+#   them, so that a new machine's `.ci/run` stays under an hour):
 #   2. #[pg_test] unit tests (cargo pgrx test: a server of pgrx's own), on the newest major
 #      only, as the client examples: the integration tests run the same claims against
 #      real servers of every major
@@ -14,7 +15,7 @@
 #      pg_test/ against throwaway servers of that major: many real connections, crashes,
 #      a standby, dump/restore, the worker, the isolation specs, the upgrade from the
 #      oldest version. The client examples in examples/ and the short experiment run on
-#      one major (DEDUP_FULL_MAJOR, default 18: the newest), which is enough: they exercise
+#      one major (DEDUP_FULL_MAJOR, default the newest tested: 18), which is enough: they exercise
 #      the clients, not the server; so do the client packages (clients/*/test.sh: each
 #      installed from its built artifact into a new project, with its framework and broker).
 #   4. on the newest of the majors tested that Citus supports (18; `make test PG=17` runs
@@ -28,17 +29,18 @@
 #   15 installed)
 source "$(dirname "$0")/lib.sh"
 bash scripts/setup.sh
-majors=$(pg_majors)
-full_major=${DEDUP_FULL_MAJOR:-18}
+# In ascending order, whatever the order PG gives them in.
+majors=$(pg_majors | sort -n)
 oldest=$(echo $majors | awk '{print $1}')
 newest=$(echo $majors | awk '{print $NF}')
+full_major=${DEDUP_FULL_MAJOR:-$newest}
 citus_major=$(citus_test_major)
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-# On the newest major (the others compile their per-major code of src/compat.rs when their
-# build installs; `make test PG=15` lints 15's).
+# On the newest major. The others' per-major code of src/compat.rs is compiled when their
+# build installs, not linted: `make test PG=15` lints 15's.
 step "cargo clippy -D warnings"
 cargo clippy -p dedup --no-default-features --features "pg$newest" --all-targets --quiet -- -D warnings
 cargo clippy -p dedup-pg-test --all-targets --quiet -- -D warnings
@@ -77,8 +79,7 @@ for major in $majors; do
     export DEDUP_UPGRADE_FROM="${earlier# }"
     # The whole suite on the oldest major and on DEDUP_FULL_MAJOR (the client examples and the
     # experiment there only: they exercise the clients, not the server); on the majors
-    # between them the core, without the long tests of the worker, the soak, the fuzzing, the
-    # counters and the docs (DEDUP_CORE_SKIP in scripts/lib.sh), so that a new machine's
+    # between them the core (DEDUP_CORE_SKIP in scripts/lib.sh), so that a new machine's
     # `.ci/run` stays under an hour (3,626 s with every test on every major, at 0544163).
     if [ "$major" = "$full_major" ] || [ "$(echo $majors | wc -w)" -eq 1 ]; then
         cargo test -p dedup-pg-test --test integration
