@@ -292,10 +292,52 @@ pub(crate) unsafe fn insert_claims(
     batch: bool,
     mut each: impl FnMut(usize, Outcome),
 ) {
-    // SAFETY: open_processed (in a transaction, under the guard) returns dedup.processed
-    // open with RowExclusiveLock: `rel` points to its relcache entry, valid until the
-    // table_close at the end of this function (or the transaction's abort).
-    let rel = open_processed();
+    // In a database that uses generations, a claim whose generations changed while it ran
+    // (the epoch moved) starts over from the key it was at, with the new list: the keys
+    // before it are decided.
+    let mut start = 0;
+    loop {
+        // A claim can start over many times only if the generations keep changing.
+        pg_sys::check_for_interrupts!();
+        // SAFETY: the contract of this function.
+        let next = insert_claims_from(func, scope, keys, start, batch, &mut each);
+        if next >= keys.len() {
+            break;
+        }
+        start = next;
+    }
+}
+
+/// [`insert_claims`] from `keys[start]` on; returns the index of the key to start over
+/// from (the generations changed under it), or `keys.len()` when every key is decided.
+///
+/// # Safety
+///
+/// As for [`insert_claim`].
+unsafe fn insert_claims_from(
+    func: &str,
+    scope: &str,
+    keys: &[(&str, Option<&str>)],
+    start: usize,
+    batch: bool,
+    each: &mut impl FnMut(usize, Outcome),
+) -> usize {
+    // The generations of this database (None: it uses the one table dedup.processed), read
+    // with the epoch they belong to.
+    let (epoch, gens) = crate::generations::list(func);
+    // SAFETY: open_processed and generations::open (in a transaction, under the guard)
+    // return the claim table open with RowExclusiveLock: `rel` points to its relcache
+    // entry, valid until the table_close at the end of this function (or the
+    // transaction's abort).
+    let rel = match &gens {
+        None => open_processed(),
+        Some(list) => {
+            match crate::generations::open(list.current, pg_sys::RowExclusiveLock as _, func) {
+                Some(rel) => rel,
+                None => return stale(func, epoch, start),
+            }
+        }
+    };
     let layout = check_layout(rel, func);
     if keys.iter().any(|(_, fp)| fp.is_some()) && layout == Layout::Claims {
         error::needs_update(func, "a payload fingerprint", "0.3.0");
@@ -336,6 +378,33 @@ pub(crate) unsafe fn insert_claims(
     // DO NOTHING: a unique index someone added is checked like any index (a conflict
     // there is a unique violation), never taken for a claim. (check_layout found the key.)
     let arbiters = arbiters(rel);
+    // The other generations, each locked (AccessShareLock) before the epoch is read again:
+    // the design's step 1, so that no lock is taken while a token is held, and a claimer
+    // that locked the generation it inserts into after a seal wait listed its lockers sees
+    // the publication that came before (and starts over).
+    let mut others: Vec<crate::generations::Other> = Vec::new();
+    let mut restart = None;
+    if let Some(list) = &gens {
+        for g in &list.others {
+            let Some(heap) = crate::generations::open(*g, pg_sys::AccessShareLock as _, func)
+            else {
+                restart = Some(stale(func, epoch, start));
+                break;
+            };
+            check_layout(heap, func);
+            let index = pg_sys::index_open(compat::primary_key(heap), pg_sys::AccessShareLock as _);
+            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+            others.push(crate::generations::Other { heap, index, slot });
+        }
+    }
+    // The epoch read again after the locks (also with no list: use_generations() may have
+    // committed since it was read, and this claim must then check generation 1).
+    if let Some(e) = epoch {
+        if restart.is_none() && crate::generations::epoch::read_even() != e {
+            crate::generations::forget();
+            restart = Some(start);
+        }
+    }
     // The transaction id and command id of the inserts: taken at the first insert (a batch
     // of duplicates assigns no transaction id), the same for every key of the call.
     let mut ids: Option<(pg_sys::TransactionId, pg_sys::CommandId)> = None;
@@ -348,12 +417,16 @@ pub(crate) unsafe fn insert_claims(
     // in-progress inserter), exactly as after a lost race. A new key saves the check: about
     // a fifth of a batch's cost. A single try_claim always checks first.
     let mut conflicts = false;
-    for (i, &(job_id, fingerprint)) in keys.iter().enumerate() {
+    let mut next = keys.len();
+    for (i, &(job_id, fingerprint)) in keys.iter().enumerate().skip(start) {
+        if restart.is_some() {
+            break;
+        }
         // A batch of thousands can be cancelled between two of its claims.
         pg_sys::check_for_interrupts!();
         store_key(slot, rel, layout, scope_datum, now, job_id, fingerprint);
-        let check_first = !batch || i == 0 || conflicts;
-        let outcome = speculative_claim(
+        let check_first = !batch || i == start || conflicts;
+        let step = speculative_claim(
             func,
             rel,
             layout,
@@ -363,12 +436,32 @@ pub(crate) unsafe fn insert_claims(
                 estate,
                 arbiters,
             },
+            Generations {
+                epoch,
+                others: &others,
+            },
             fingerprint,
             check_first,
             &mut ids,
             &mut conflicts,
         );
-        each(i, outcome);
+        match step {
+            Some(outcome) => each(i, outcome),
+            None => {
+                next = i;
+                break;
+            }
+        }
+    }
+    if let Some(r) = restart {
+        next = r;
+    }
+    for o in &others {
+        // SAFETY: each was opened above and is closed once; the locks stay to the
+        // transaction's end, as the executor keeps them.
+        pg_sys::ExecDropSingleTupleTableSlot(o.slot);
+        pg_sys::index_close(o.index, pg_sys::NoLock as _);
+        pg_sys::table_close(o.heap, pg_sys::NoLock as _);
     }
 
     // SAFETY: teardown in reverse order, each object still valid: the slot is dropped (its
@@ -384,6 +477,28 @@ pub(crate) unsafe fn insert_claims(
     pg_sys::MemoryContextSwitchTo(old_cxt);
     pg_sys::FreeExecutorState(estate);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
+    next
+}
+
+/// A generation of the list is gone: if the epoch moved, the list is out of date, so start
+/// over from `start` with a new one; at the same epoch the catalog names a table that does
+/// not exist.
+fn stale(func: &str, epoch: Option<u64>, start: usize) -> usize {
+    // Forgotten either way: after an error, the next claim reads the catalog again (the
+    // extension dropped and created again moves no epoch).
+    crate::generations::forget();
+    if epoch.is_none_or(|e| crate::generations::epoch::read_even() == e) {
+        pgrx::error!("{func}: a generation named in dedup.generations does not exist");
+    }
+    start
+}
+
+/// The generations a claim checks besides the one it inserts into: the epoch its list was
+/// read at (None: the database does not use generations) and the others, open.
+#[derive(Clone, Copy)]
+struct Generations<'a> {
+    epoch: Option<u64>,
+    others: &'a [crate::generations::Other],
 }
 
 /// The executor objects one call of [`insert_claims`] makes once for all its keys.
@@ -453,11 +568,12 @@ unsafe fn speculative_claim(
     rel: pg_sys::Relation,
     layout: Layout,
     ex: Executor,
+    gens: Generations,
     fingerprint: Option<&str>,
     check_first: bool,
     ids: &mut Option<(pg_sys::TransactionId, pg_sys::CommandId)>,
     conflicts: &mut bool,
-) -> Outcome {
+) -> Option<Outcome> {
     // SAFETY (the loop): `rri`, `slot`, `estate` and `arbiters` are the live objects made
     // above; `conflict_tid` is a local the check fills in. The calls that can raise an
     // ERROR, each through pgrx's guard: check_index_constraints (waits for an in-progress
@@ -481,13 +597,30 @@ unsafe fn speculative_claim(
         estate,
         arbiters,
     } = ex;
+    // The key's datums, for the look-ups in the other generations: scope and job_id are
+    // the slot's first two values (store_key), valid while the slot holds the row.
+    let (scope_datum, job_datum) = (*(*slot).tts_values, *(*slot).tts_values.add(1));
     loop {
         if check_first {
             let mut conflict_tid = pg_sys::ItemPointerData::default();
             if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
                 // A committed (or our own) claim exists.
                 *conflicts = true;
-                break inspect_conflict(func, rel, layout, &mut conflict_tid, fingerprint);
+                break Some(inspect_conflict(
+                    func,
+                    rel,
+                    layout,
+                    &mut conflict_tid,
+                    fingerprint,
+                ));
+            }
+            // And in the other generations: a duplicate of an older claim is answered
+            // without inserting (no dead row in the current generation), after waiting,
+            // holding no token, for a copy in flight there. Not conclusive, as the check
+            // above: the cross-check after the insert is.
+            if let Some(o) = precheck_others(func, gens, job_datum, scope_datum, fingerprint) {
+                *conflicts = true;
+                break Some(o);
             }
         }
         let (xid, cid) = *ids.get_or_insert_with(|| {
@@ -500,11 +633,61 @@ unsafe fn speculative_claim(
         pg_sys::table_tuple_insert_speculative(rel, slot, cid, 0, std::ptr::null_mut(), token);
         let mut spec_conflict = false;
         let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
-        pg_sys::table_tuple_complete_speculative(rel, slot, token, !spec_conflict);
+        // The cross-check (design, "The claim protocol", step 2): between the index insert
+        // and the confirmation, read the epoch again and look for the key in every other
+        // generation. Every other generation is older than the current one, so this
+        // claimer always gives way: it kills its row and releases its token before any
+        // wait.
+        let mut crossed = None;
+        if !spec_conflict {
+            if let Some(epoch) = gens.epoch {
+                if crate::generations::epoch::read_even() != epoch {
+                    crossed = Some(Cross::Restart);
+                } else {
+                    for o in gens.others.iter().take(0) {
+                        let found = crate::generations::probe(o, job_datum, scope_datum);
+                        if !matches!(found, crate::generations::Found::Clear) {
+                            crossed = Some(Cross::Found(o, found));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let confirm = !spec_conflict && crossed.is_none();
+        pg_sys::table_tuple_complete_speculative(rel, slot, token, confirm);
         unguarded::SpeculativeInsertionLockRelease(xid);
         unguarded::list_free(recheck);
+        match crossed {
+            None => {}
+            Some(Cross::Restart) => {
+                // The generations changed after our insert: start over with the new list
+                // (its locks are taken before the next token).
+                crate::generations::forget();
+                break None;
+            }
+            Some(Cross::Found(o, crate::generations::Found::Committed(mut tid))) => {
+                *conflicts = true;
+                let other_layout = check_layout(o.heap, func);
+                break Some(inspect_conflict(
+                    func,
+                    o.heap,
+                    other_layout,
+                    &mut tid,
+                    fingerprint,
+                ));
+            }
+            Some(Cross::Found(o, found)) => {
+                // In flight there: wait for it, holding no token, then look again.
+                crate::generations::wait_for(o, found);
+                *conflicts = true;
+                check_first = true;
+                pg_sys::check_for_interrupts!();
+                continue;
+            }
+        }
         if !spec_conflict {
-            break Outcome::Claimed;
+            break Some(Outcome::Claimed);
         }
         // A concurrent inserter got its index entry in first, or (a batch that did not
         // check first) the key was claimed already: look again, this time checking
@@ -513,6 +696,53 @@ unsafe fn speculative_claim(
         check_first = true;
         pg_sys::check_for_interrupts!();
     }
+}
+
+/// What the cross-check after an insert found.
+enum Cross<'a> {
+    /// The epoch moved: start over with the new list.
+    Restart,
+    /// The key in another generation.
+    Found(&'a crate::generations::Other, crate::generations::Found),
+}
+
+/// The check before an insert in the other generations: a committed claim of the key is
+/// the outcome (as inspect_conflict reports it); a copy in flight is waited for (no token is
+/// held here) and looked at again; None: nothing found, insert.
+///
+/// # Safety
+///
+/// As for [`speculative_claim`]; the datums are the key's.
+unsafe fn precheck_others(
+    func: &str,
+    gens: Generations,
+    job_datum: pg_sys::Datum,
+    scope_datum: pg_sys::Datum,
+    fingerprint: Option<&str>,
+) -> Option<Outcome> {
+    for o in gens.others {
+        loop {
+            // SAFETY: the contract above: `o` is open, the datums live in the slot.
+            match crate::generations::probe(o, job_datum, scope_datum) {
+                crate::generations::Found::Clear => break,
+                crate::generations::Found::Committed(mut tid) => {
+                    let layout = check_layout(o.heap, func);
+                    return Some(inspect_conflict(
+                        func,
+                        o.heap,
+                        layout,
+                        &mut tid,
+                        fingerprint,
+                    ));
+                }
+                found => {
+                    crate::generations::wait_for(o, found);
+                    pg_sys::check_for_interrupts!();
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Look at the claim that conflicts with ours.

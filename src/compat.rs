@@ -132,3 +132,27 @@ pub(crate) unsafe fn primary_key(rel: pg_sys::Relation) -> pg_sys::Oid {
         pg_sys::RelationGetPrimaryKeyIndex(rel, false)
     }
 }
+
+/// index_beginscan: 18 added `instrument` (NULL: no EXPLAIN ANALYZE counts).
+///
+/// # Safety
+///
+/// `heap` and `index` are open (the index on the heap), `snapshot` lives until the scan's
+/// index_endscan; under pgrx's guard, in a transaction.
+pub(crate) unsafe fn index_beginscan(
+    heap: pg_sys::Relation,
+    index: pg_sys::Relation,
+    snapshot: pg_sys::Snapshot,
+    nkeys: i32,
+) -> pg_sys::IndexScanDesc {
+    #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+    {
+        // SAFETY: the contract above; no order-by keys.
+        pg_sys::index_beginscan(heap, index, snapshot, nkeys, 0)
+    }
+    #[cfg(feature = "pg18")]
+    {
+        // SAFETY: the contract above; no instrumentation, no order-by keys.
+        pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), nkeys, 0)
+    }
+}

@@ -417,3 +417,64 @@ pub fn unknown_event(event: &str) -> ! {
          dedup's own functions call dedup._count, not applications.",
     )
 }
+
+/// `dedup.use_generations()` (or a claim in a database that uses generations) without the
+/// library in `shared_preload_libraries`: the epoch that tells a claim its generations
+/// changed lives in shared memory.
+pub fn generations_need_preload(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: generations need dedup in shared_preload_libraries"),
+        "Add dedup to shared_preload_libraries in postgresql.conf and restart the server: a \
+         claim learns that its generations changed from a counter in shared memory.",
+    )
+}
+
+/// `dedup.use_generations()` on Citus.
+pub fn generations_on_citus(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!("{func}: generations are not available on Citus yet"),
+        "Distributed claim tables keep today's retention (batched deletes on each node).",
+    )
+}
+
+/// `dedup.use_generations()` a second time.
+pub fn generations_already(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: this database uses generations already"),
+        "See dedup.generations; the background worker rotates them (or call \
+         dedup.rotate_generations()).",
+    )
+}
+
+/// A function that reads `dedup.processed` alone, called in a database that uses
+/// generations.
+pub fn generations_refuse(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        format!("{func} is not available yet in a database that uses generations"),
+        "Leases, stored results and forget come to generations in a later version (issue 26, \
+         slice 3); claim with dedup.try_claim or dedup.try_claim_many.",
+    )
+}
+
+/// `dedup.use_generations()` or `dedup.rotate_generations()` by a role that is not a
+/// superuser.
+pub fn generations_superuser(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("{func}: only a superuser may change the generations"),
+        "Run it as a superuser; the background worker rotates generations on its own.",
+    )
+}
+
+/// `dedup.rotate_generations()` in a database that does not use generations.
+pub fn generations_not_in_use(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: this database does not use generations"),
+        "Turn them on with SELECT dedup.use_generations().",
+    )
+}

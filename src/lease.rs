@@ -30,6 +30,8 @@ fn check_claim(
     if citus::route() == citus::Route::WorkerLocal {
         error::worker_not_distributed(func);
     }
+    // Leases, stored results and forget read and write dedup.processed alone.
+    crate::generations::refuse(func);
 }
 
 /// `dedup.set_result(job_id, result, scope)`: store the result of a job this transaction
@@ -134,6 +136,8 @@ pub(crate) fn claim_result_row(
     // job again.
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "job_id"));
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "scope"));
+    // It reads dedup.processed alone.
+    crate::generations::refuse(FUNC_RESULT);
     let query = "SELECT p.result, p.processed_at FROM dedup.processed AS p \
                   WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
                     AND p.lease_expires_at IS NULL";

@@ -9,6 +9,7 @@ mod claim;
 mod compat;
 mod error;
 mod expired;
+mod generations;
 mod guc;
 mod lease;
 mod prune;
@@ -73,6 +74,18 @@ extension_sql_file!(
         "citus",
         batch::check_offset,
         batch::try_claim_many_fingerprint
+    ]
+);
+
+// Generations (issue 26, slice 1): the catalog dedup.generations, dedup.claims(), and the
+// privileges and comments of the library's use_generations and rotate_generations.
+extension_sql_file!(
+    "../sql/generations.sql",
+    name = "generations",
+    requires = [
+        "offsets",
+        generations::rotate::use_generations,
+        generations::rotate::rotate_generations
     ]
 );
 

@@ -187,6 +187,7 @@ pub extern "C-unwind" fn dedup_launcher_main(_arg: pg_sys::Datum) {
 fn forget_dropped_databases() {
     let mut counted = stats::counted_databases();
     counted.extend(crate::expired::databases());
+    counted.extend(crate::generations::epoch::databases());
     counted.sort_unstable_by_key(|db| u32::from(*db));
     counted.dedup();
     if counted.is_empty() {
@@ -206,6 +207,9 @@ fn forget_dropped_databases() {
         Ok(gone) => {
             let n = stats::forget_databases(&gone);
             let lists = crate::expired::forget_databases(&gone);
+            for db in &gone {
+                crate::generations::epoch::forget_database(*db);
+            }
             if lists > 0 {
                 debug1!("dedup launcher: forgot the pruned claims of dropped databases in {lists} summaries");
             }
@@ -687,6 +691,10 @@ pub extern "C-unwind" fn dedup_prune_worker_main(arg: pg_sys::Datum) {
     if !ready_to_prune(&dbname, interval) {
         return;
     }
+    // Generations first (a database that uses them: publish, seal, retire, drop), each
+    // step in a transaction of its own; then today's pass, which still prunes
+    // dedup.processed until its generation is truncated.
+    crate::generations::rotate::worker_pass(&dbname);
     let (result, leaving) = prune_for_a_share(&dbname, interval);
     if leaving {
         log!("dedup: left database \"{dbname}\" in the middle of a pass: it is being dropped, renamed or copied, or its settings could not be pinned again after a reload");

@@ -289,6 +289,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_request() {
     pg_sys::RequestNamedLWLockTranche(c"dedup".as_ptr(), 1);
     // The summaries of pruned claims (src/expired/), when dedup.expired_memory > 0.
     crate::expired::request();
+    // The generations' epochs (src/generations/epoch.rs).
+    crate::generations::epoch::request();
 }
 
 /// # Safety
@@ -381,6 +383,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_startup() {
     // registers it anew. read_file runs in the postmaster before any backend exists.
     // SAFETY: AddinShmemInitLock is held, as expired::attach requires.
     let expired_new = crate::expired::attach();
+    // SAFETY: AddinShmemInitLock is held, as generations::epoch::attach requires.
+    crate::generations::epoch::attach();
     pg_sys::LWLockRelease(addin_lock);
     SHARED = shared;
     HASH = hash;

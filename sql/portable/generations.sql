@@ -1,0 +1,42 @@
+-- dedup, portable edition: generations (src/generations/). The native rotation keeps an
+-- epoch in the library's shared memory and cross-checks generations with the executor's
+-- speculative insertion, neither of which SQL has: the portable edition keeps every claim
+-- in dedup.processed, pruned by dedup.prune() (pg_cron), and refuses to turn generations
+-- on. dedup.generations (always empty here) and dedup.claims() (dedup.processed's rows) are
+-- the native SQL of sql/generations.sql, as they are.
+
+-- The error of both functions below: generations are not in the portable edition yet (its
+-- own error: docs/reference/errors.md, "The portable edition's own errors").
+CREATE FUNCTION dedup._portable_no_generations(func pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = '0A000',
+        MESSAGE = format('%s: the portable edition of dedup has no generations yet', func),
+        HINT = 'Claims stay in dedup.processed, pruned by dedup.prune() (docs/portable.md, Pruning with '
+               'pg_cron); generations need the native extension, or a later version of the portable '
+               'edition (issue 26).';
+END
+$$;
+
+CREATE FUNCTION dedup.use_generations()
+RETURNS pg_catalog.text
+LANGUAGE plpgsql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dedup._portable_no_generations('dedup.use_generations');
+END
+$$;
+
+CREATE FUNCTION dedup.rotate_generations(publish pg_catalog.bool DEFAULT false)
+RETURNS pg_catalog.text
+LANGUAGE plpgsql STRICT VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN dedup._portable_no_generations('dedup.rotate_generations');
+END
+$$;

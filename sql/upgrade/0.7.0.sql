@@ -1,0 +1,13 @@
+--@ upgrade 0.6.0 0.7.0
+-- dedup 0.6.0 -> 0.7.0: claims in rotating generations, opt-in (issue 26, slice 1). Changes
+-- no claim and no table of 0.6.0: dedup.generations starts empty, and a database uses
+-- generations only once a superuser calls dedup.use_generations(). Keeps every claim.
+\echo Use "ALTER EXTENSION dedup UPDATE TO '0.7.0'" to load this file. \quit
+
+-- The library's new functions.
+--@ create library dedup.use_generations
+--@ create library dedup.rotate_generations
+
+-- The catalog of generations, every claim across them (dedup.claims()), and the privileges
+-- and comments of the library's new functions.
+--@ create generations.sql *

@@ -1,0 +1,373 @@
+//! Claims in rotating generations (issue 26, slice 1; docs/design/generations.md).
+//!
+//! A database that ran `dedup.use_generations()` keeps its claims in several tables, the
+//! generations, listed in `dedup.generations`: `dedup.processed` (n = 0) and the tables
+//! `dedup.processed_<n>` the worker creates (`rotate.rs`). A claim inserts into the
+//! `current` one and checks the others for the same key (`claim.rs`, the design's claim
+//! protocol); the worker publishes a new generation every quarter of the longest retention,
+//! waits for the claimers of the old one, seals it, and drops it once its claims are past
+//! their retention.
+//!
+//! Which generations exist is read here, with a snapshot of its own, once per value of the
+//! database's epoch (`epoch.rs`), which every change of the list moves.
+use crate::error;
+use pgrx::pg_sys;
+use std::rc::Rc;
+
+pub(crate) mod epoch;
+pub(crate) mod rotate;
+
+/// A generation's state in `dedup.generations`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum State {
+    /// Claims go there.
+    Current,
+    /// Published away from; claimers that were in flight may still insert there.
+    Sealing,
+    /// No insert ever again.
+    Sealed,
+    /// No claim reads it; waiting to be dropped (or, for n = 0, truncated).
+    Retired,
+}
+
+impl State {
+    fn parse(s: &str) -> Option<State> {
+        Some(match s {
+            "current" => State::Current,
+            "sealing" => State::Sealing,
+            "sealed" => State::Sealed,
+            "retired" => State::Retired,
+            _ => return None,
+        })
+    }
+}
+
+/// One generation a claim uses.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Generation {
+    pub(crate) n: i32,
+    pub(crate) relid: pg_sys::Oid,
+}
+
+/// The generations a claim uses: the current one, and the others still read (sealing and
+/// sealed), newest first. A retired generation is not in it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct List {
+    pub(crate) current: Generation,
+    pub(crate) others: Vec<Generation>,
+}
+
+/// This backend's copy of the list: the database, the epoch it was read at, and the list
+/// (None: the database does not use generations).
+struct Cache {
+    db: pg_sys::Oid,
+    epoch: u64,
+    list: Option<Rc<List>>,
+}
+
+static mut CACHE: Option<Cache> = None;
+
+/// The epoch of this database as read now (None without shared memory: the library is not
+/// preloaded) and its generations as of that epoch (None: the database does not use
+/// generations, the common case: one atomic load and a comparison per claim once this
+/// backend has read the catalog). A claim that goes on with the list reads the epoch again
+/// after its locks and after its insert, and starts over if it moved, also when there is no
+/// list: a claim into dedup.processed alone that began before `use_generations()`
+/// committed must not confirm without checking generation 1.
+///
+/// # Safety
+///
+/// In a transaction, on the backend's main thread, under pgrx's guard (the catalog read
+/// raises ERRORs as panics).
+pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
+    let shared = epoch::available();
+    let now = if shared { epoch::read_even() } else { 0 };
+    let epoch = shared.then_some(now);
+    let db = pg_sys::MyDatabaseId;
+    // SAFETY: CACHE is backend-local and only touched on the main thread, through this raw
+    // pointer, with no reference kept across a call.
+    let cache = std::ptr::addr_of_mut!(CACHE);
+    if let Some(c) = (*cache).as_ref() {
+        if c.db == db && c.epoch == now && !epoch::publishing_now() {
+            return (epoch, c.list.clone());
+        }
+    }
+    let loaded = load(func).map(Rc::new);
+    if loaded.is_some() && !shared {
+        // The epoch is what tells this backend that the list changed: without it a claim
+        // could miss a new generation. (use_generations refuses without preloading, so this
+        // is a server whose shared_preload_libraries lost dedup since.)
+        error::generations_need_preload(func);
+    }
+    // A list read inside the transaction that is changing it is not cached: if that
+    // transaction rolls back, the epoch does not move.
+    let keep = !epoch::publishing_now();
+    *cache = Some(Cache {
+        db,
+        epoch: if keep { now } else { u64::MAX },
+        list: loaded.clone(),
+    });
+    (epoch, loaded)
+}
+
+/// Forget this backend's copy (a reload at the next claim).
+pub(crate) fn forget() {
+    // SAFETY: as in list().
+    unsafe {
+        *std::ptr::addr_of_mut!(CACHE) = None;
+    }
+}
+
+/// Whether this database uses generations.
+///
+/// # Safety
+///
+/// As for [`list`].
+pub(crate) unsafe fn in_use(func: &str) -> bool {
+    list(func).1.is_some()
+}
+
+/// Refuse `func` in a database that uses generations: leases, stored results and `forget`
+/// read `dedup.processed` alone (issue 26, slice 3 moves them).
+pub(crate) fn refuse(func: &str) {
+    // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
+    if unsafe { in_use(func) } {
+        error::generations_refuse(func);
+    }
+}
+
+/// The OIDs of the schema `dedup` and of `dedup.generations` (InvalidOid: no such table,
+/// the extension's SQL is older than 0.7.0).
+///
+/// # Safety
+///
+/// In a transaction (syscache lookups), under pgrx's guard.
+unsafe fn catalog_relid() -> pg_sys::Oid {
+    // SAFETY: the names are 'static NUL-terminated strings the lookups only read;
+    // get_namespace_oid with missing_ok returns InvalidOid for a missing schema.
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    if nsp == pg_sys::InvalidOid {
+        return pg_sys::InvalidOid;
+    }
+    let relid = pg_sys::get_relname_relid(c"generations".as_ptr(), nsp);
+    if relid == pg_sys::InvalidOid {
+        return relid;
+    }
+    // Only the extension's own catalog counts: a table of that name someone made in a
+    // schema dedup that is not the extension's would otherwise route claims.
+    let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
+    if ext == pg_sys::InvalidOid
+        || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != ext
+    {
+        return pg_sys::InvalidOid;
+    }
+    relid
+}
+
+/// Read `dedup.generations` with a snapshot taken now (not the transaction's: a REPEATABLE
+/// READ claimer must see a generation published after its snapshot), with a sequential
+/// scan (the table has a handful of rows), no SPI.
+///
+/// # Safety
+///
+/// As for [`list`].
+unsafe fn load(func: &str) -> Option<List> {
+    let relid = catalog_relid();
+    if relid == pg_sys::InvalidOid {
+        return None;
+    }
+    // SAFETY: table_open takes AccessShareLock and returns an open relation (it raises an
+    // ERROR through the guard if it went away); the snapshot is registered until the
+    // UnregisterSnapshot below (or the abort's resource owner cleanup); the scan and the
+    // slot live until table_endscan and ExecDropSingleTupleTableSlot, all before
+    // table_close. slot_getattr deforms the slot's current tuple, which stays pinned while
+    // it is read; text and name datums are copied into Rust values before the next fetch.
+    let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+    if (*(*rel).rd_att).natts < 4 {
+        pgrx::error!("dedup: the table dedup.generations does not have its columns");
+    }
+    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut rows: Vec<(i32, pg_sys::Oid, State)> = Vec::new();
+    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+        let mut isnull = false;
+        let n = pg_sys::slot_getattr(slot, 1, &mut isnull).value() as i32;
+        let relid = pg_sys::Oid::from(pg_sys::slot_getattr(slot, 3, &mut isnull).value() as u32);
+        let state = pg_sys::slot_getattr(slot, 4, &mut isnull);
+        let state = <&str as pgrx::FromDatum>::from_datum(state, isnull)
+            .and_then(State::parse)
+            .unwrap_or_else(|| {
+                pgrx::error!("dedup: a row of dedup.generations has no valid state")
+            });
+        rows.push((n, relid, state));
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::table_endscan(scan);
+    pg_sys::UnregisterSnapshot(snapshot);
+    pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
+    if rows.is_empty() {
+        return None;
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
+    let mut current = None;
+    let mut others = Vec::new();
+    for (n, relid, state) in rows {
+        let g = Generation { n, relid };
+        match state {
+            State::Current if current.is_none() => current = Some(g),
+            State::Current => pgrx::error!("dedup: dedup.generations has two current generations"),
+            State::Sealing | State::Sealed => others.push(g),
+            State::Retired => {}
+        }
+    }
+    let Some(current) = current else {
+        pgrx::error!("{func}: dedup.generations has no current generation");
+    };
+    if others.iter().any(|g| g.n > current.n) {
+        pgrx::error!("dedup: dedup.generations has a generation newer than the current one");
+    }
+    Some(List { current, others })
+}
+
+/// What a look for one key in a generation other than the claimer's found (the design's
+/// table "Who gives way").
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Found {
+    /// No row of the key, or only rows that are dead or killed.
+    Clear,
+    /// A row committed (or inserted by this transaction), not being deleted.
+    Committed(pg_sys::ItemPointerData),
+    /// A row still speculative: its inserter holds this token.
+    Speculative(pg_sys::TransactionId, u32),
+    /// A confirmed row of a transaction in progress.
+    InProgress(pg_sys::TransactionId, pg_sys::ItemPointerData),
+    /// A committed row that a transaction in progress is deleting (today's pruner on
+    /// dedup.processed).
+    Deleting(pg_sys::TransactionId, pg_sys::ItemPointerData),
+}
+
+/// A generation other than the claim's, open for the claim's look-ups: the table and its
+/// primary key with AccessShareLock, and a slot for its rows.
+pub(crate) struct Other {
+    pub(crate) heap: pg_sys::Relation,
+    pub(crate) index: pg_sys::Relation,
+    pub(crate) slot: *mut pg_sys::TupleTableSlot,
+}
+
+/// Look for (job_id, scope) in `other` with a dirty snapshot, which sees rows of
+/// transactions in progress and whether a row is still speculative, as PostgreSQL's own
+/// unique check does (check_exclusion_or_unique_constraint in execIndexing.c, whose loop is
+/// static there). Takes no lock and waits for nothing: the caller decides.
+///
+/// # Safety
+///
+/// `other` is open (see [`Other`]), `job_id` and `scope` are text datums valid for the call;
+/// in a transaction, under pgrx's guard (the index scan reads buffers: I/O ERRORs).
+pub(crate) unsafe fn probe(other: &Other, job_id: pg_sys::Datum, scope: pg_sys::Datum) -> Found {
+    // SAFETY: a zeroed SnapshotData with snapshot_type SNAPSHOT_DIRTY is what
+    // InitDirtySnapshot (a macro, no binding) makes; it lives on this stack frame until
+    // index_endscan below, and the heap fetches write its xmin, xmax and speculativeToken.
+    // ScanKeyInit fills the two keys (the primary key is (job_id, scope), both text with
+    // collation "C": the index's own collations are set after it); index_rescan copies
+    // them. ItemPointer and slot reads are of the slot the scan filled.
+    let mut dirty: pg_sys::SnapshotData = std::mem::zeroed();
+    dirty.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_DIRTY;
+    let mut keys: [pg_sys::ScanKeyData; 2] = std::mem::zeroed();
+    let collations = (*other.index).rd_indcollation;
+    for (i, value) in [job_id, scope].into_iter().enumerate() {
+        pg_sys::ScanKeyInit(
+            &mut keys[i],
+            (i + 1) as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            value,
+        );
+        keys[i].sk_collation = *collations.add(i);
+    }
+    let scan = crate::compat::index_beginscan(other.heap, other.index, &mut dirty, 2);
+    pg_sys::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
+    let mut found = Found::Clear;
+    if pg_sys::index_getnext_slot(
+        scan,
+        pg_sys::ScanDirection::ForwardScanDirection,
+        other.slot,
+    ) {
+        let tid = (*other.slot).tts_tid;
+        found = if dirty.xmin != pg_sys::InvalidTransactionId {
+            if dirty.speculativeToken != 0 {
+                Found::Speculative(dirty.xmin, dirty.speculativeToken)
+            } else {
+                Found::InProgress(dirty.xmin, tid)
+            }
+        } else if dirty.xmax != pg_sys::InvalidTransactionId {
+            Found::Deleting(dirty.xmax, tid)
+        } else {
+            Found::Committed(tid)
+        };
+    }
+    pg_sys::index_endscan(scan);
+    pg_sys::ExecClearTuple(other.slot);
+    found
+}
+
+/// Wait for what `found` says is in flight, holding no token: a speculative inserter's
+/// token, or the end of the transaction inserting or deleting the row.
+///
+/// # Safety
+///
+/// In a transaction, under pgrx's guard (lock waits: deadlock, lock_timeout, cancel);
+/// `other` is the generation the row was found in.
+pub(crate) unsafe fn wait_for(other: &Other, found: Found) {
+    // SAFETY: the contract above; the TIDs are copies the waits only report in messages.
+    match found {
+        Found::Speculative(xid, token) => pg_sys::SpeculativeInsertionWait(xid, token),
+        Found::InProgress(xid, mut tid) | Found::Deleting(xid, mut tid) => {
+            pg_sys::XactLockTableWait(
+                xid,
+                other.heap,
+                &mut tid,
+                pg_sys::XLTW_Oper::XLTW_InsertIndexUnique,
+            )
+        }
+        Found::Clear | Found::Committed(_) => {}
+    }
+}
+
+/// Open generation `g` for a claim with `mode` (RowExclusiveLock for the current one,
+/// AccessShareLock for the others), checked to be the table the catalog names: in the
+/// schema dedup, called `processed` (n = 0) or `processed_<n>`. None: the table is gone,
+/// so the list is out of date (a drop follows a retirement, which moves the epoch).
+///
+/// # Safety
+///
+/// In a transaction, under pgrx's guard; the relation returned is open until the caller
+/// closes it (the lock kept to the end of the transaction).
+pub(crate) unsafe fn open(
+    g: Generation,
+    mode: pg_sys::LOCKMODE,
+    func: &str,
+) -> Option<pg_sys::Relation> {
+    // SAFETY: try_table_open returns NULL holding no lock when relid names nothing; rd_rel
+    // is read at once (see claim::open_processed).
+    let rel = pg_sys::try_table_open(g.relid, mode);
+    if rel.is_null() {
+        return None;
+    }
+    let form = (*rel).rd_rel;
+    let name = std::ffi::CStr::from_ptr((*form).relname.data.as_ptr());
+    let expected = if g.n == 0 {
+        "processed".to_string()
+    } else {
+        format!("processed_{}", g.n)
+    };
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    if (*form).relnamespace != nsp || name.to_bytes() != expected.as_bytes() {
+        pg_sys::table_close(rel, mode);
+        pgrx::error!(
+            "{func}: generation {} of dedup.generations is not the table dedup.{expected}",
+            g.n
+        );
+    }
+    Some(rel)
+}

@@ -1,0 +1,1234 @@
+//! Rotation (docs/design/generations.md, "Rotation", "Dropping never stalls a claim"): the
+//! steps over `dedup.generations`, `dedup.use_generations()` and `dedup.rotate_generations()`.
+//! Each step runs in its caller's transaction and records where it is in the generation's
+//! row, so a step a crash or an ERROR cut short is done again at the next call:
+//! - publish: `dedup.processed_<n+1>` is made and becomes `current`; the old one `sealing`;
+//! - seal: the transactions holding a lock on the sealing table (GetLockConflicts, as CREATE
+//!   INDEX CONCURRENTLY lists them) are stored once in `waits` and then polled, never waited
+//!   for; once all ended it is `sealed`, and sealed_at (then) starts its retention;
+//! - retire: a sealed table past sealed_at plus the longest retention is `retired`;
+//! - drop: the same stored wait (in every lock mode), a lock taken only if free at once,
+//!   then DROP TABLE (n >= 1, row deleted) or TRUNCATE dedup.processed (n = 0, row kept).
+//!
+//! Every change to `dedup.generations` takes `epoch::publishing()` first, so claimers reload.
+use super::epoch;
+use crate::{citus, claim, error, guc, prune};
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::{CStr, CString};
+
+const CURRENT: &str = "current";
+const SEALING: &str = "sealing";
+const SEALED: &str = "sealed";
+const RETIRED: &str = "retired";
+/// `waits` of generation 0 once `dedup.processed` is truncated: retired for good.
+const TRUNCATED: &str = "truncated";
+
+/// `dedup.use_generations()`: make `dedup.processed` generation 0 and publish generation 1
+/// in the caller's transaction.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+pub(crate) fn use_generations() -> String {
+    const F: &str = "dedup.use_generations";
+    // SAFETY: superuser() looks the current user up in the syscache (a catalog ERROR is
+    // raised through this #[pg_extern]'s guard).
+    if !unsafe { pg_sys::superuser() } {
+        error::generations_superuser(F);
+    }
+    if !epoch::available() {
+        error::generations_need_preload(F);
+    }
+    if citus::distributed() {
+        error::generations_on_citus(F);
+    }
+    // SAFETY: in this function's transaction, under its guard.
+    let processed = unsafe { processed_relid(F) };
+    // Before reading the catalog: a second use_generations() waits here for the first.
+    epoch::publishing();
+    let rows = Spi::connect_mut(|c| {
+        // update(): a snapshot taken now, after the lock (a read-only statement would use
+        // the one taken before it).
+        c.update(
+            "SELECT pg_catalog.count(*) FROM dedup.generations",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one::<i64>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("{F}: reading dedup.generations failed: {e}"))
+    .unwrap_or(0);
+    if rows > 0 {
+        error::generations_already(F);
+    }
+    exec(
+        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
+         VALUES (0, 'processed', $1, 'current', pg_catalog.now())",
+        &[DatumWithOid::from(processed)],
+        "recording dedup.processed as generation 0",
+    );
+    let retention = Retention::now();
+    let published = publish_next(&load(true, &retention));
+    format!(
+        "dedup.processed is generation 0 and {published}: claims go there from this \
+         transaction's commit on. dedup.processed is sealed once the transactions that use it \
+         now have ended, and truncated {longest:.0} s (the longest retention) after that; a \
+         new generation is published every {width:.0} s (a quarter of it) by the background \
+         worker, or by dedup.rotate_generations()",
+        longest = retention.longest,
+        width = retention.width,
+    )
+}
+
+/// `dedup.rotate_generations(publish)`: the rotation steps that are due, in the caller's
+/// transaction; with `publish`, a new generation now (no retirement or drop).
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+pub(crate) fn rotate_generations(publish: default!(bool, false)) -> String {
+    const F: &str = "dedup.rotate_generations";
+    // SAFETY: as in use_generations.
+    if !unsafe { pg_sys::superuser() } {
+        error::generations_superuser(F);
+    }
+    if !in_use() {
+        error::generations_not_in_use(F);
+    }
+    if !epoch::available() {
+        error::generations_need_preload(F);
+    }
+    step(publish)
+}
+
+/// The rotation steps, at most one of each kind, in the caller's transaction, in the order
+/// seal, drop, retire, publish; what they did, or "nothing due". With `force_publish`: the
+/// seal (a generation being sealed must be sealed before the next is published), then a
+/// publication whether or not it is due.
+pub(crate) fn step(force_publish: bool) -> String {
+    // SAFETY: RecoveryInProgress reads shared state, no ERROR.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        return "nothing: a standby rotates nothing, its primary does".to_string();
+    }
+    if !in_use() {
+        return "nothing: this database does not use generations".to_string();
+    }
+    let retention = Retention::now();
+    let kinds: &[Kind] = if force_publish {
+        &[Kind::Seal, Kind::Publish]
+    } else {
+        &Kind::ALL
+    };
+    let done: Vec<String> = kinds
+        .iter()
+        .filter_map(|kind| run(*kind, force_publish, &retention))
+        .collect();
+    if done.is_empty() {
+        "nothing due".to_string()
+    } else {
+        done.join("; ")
+    }
+}
+
+/// The worker's rotation of the database it is connected to. Call it outside any
+/// transaction, after the worker pinned its settings and checked the extension's schema
+/// (`ready_to_prune`), before or after the prune pass. Each step runs in a transaction of
+/// its own (`prune::in_transaction`), so a publication commits before the seal wait that
+/// follows lists the old generation's lockers; what a step did is logged, an ERROR is
+/// logged as a WARNING and the next step goes on. Rotation needs a superuser
+/// (`dedup.prune_role`): otherwise one WARNING per pass, and nothing rotates.
+pub(crate) fn worker_pass(dbname: &str) {
+    let ready = prune::in_transaction(|| {
+        // SAFETY: in the transaction, under in_transaction's PgTry.
+        if !unsafe { pg_sys::superuser() } {
+            // A role that is not a superuser may not read dedup.generations (revoked from
+            // PUBLIC): whether the database uses generations is read as a claim reads it,
+            // without SQL (generations/mod.rs).
+            // SAFETY: in the transaction, under in_transaction's PgTry.
+            if !unsafe { super::in_use("dedup worker") } {
+                return Ok(false);
+            }
+            return Err(
+                "dedup.prune_role is not a superuser, and in this version only a superuser \
+                 rotates generations: set dedup.prune_role to one (or leave it empty for the \
+                 bootstrap superuser) and reload"
+                    .to_string(),
+            );
+        }
+        if !in_use() {
+            return Ok(false);
+        }
+        if !epoch::available() {
+            return Err("dedup is not in shared_preload_libraries".to_string());
+        }
+        if citus::distributed() {
+            return Err("its claims are distributed with Citus".to_string());
+        }
+        Ok(true)
+    });
+    match ready {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return,
+        Ok(Err(why)) => {
+            warning!("dedup: not rotating the generations of database \"{dbname}\": {why}");
+            return;
+        }
+        Err(message) => {
+            warning!(
+                "dedup: could not prepare to rotate the generations of database \"{dbname}\": {message}"
+            );
+            return;
+        }
+    }
+    let mut published = false;
+    for kind in Kind::ALL {
+        let did = in_own_transaction(dbname, kind, false);
+        // Without force, the publish step says something only when it published.
+        published |= kind == Kind::Publish && did.is_some_and(|m| m.starts_with("published"));
+    }
+    // List the new generation's predecessor's lockers now that the publication has
+    // committed: the wait counts from here, not from the next pass. Claimers in flight at
+    // the publication are normal, so a wait is logged at DEBUG1 here.
+    if published {
+        in_own_transaction(dbname, Kind::Seal, true);
+    }
+}
+
+/// Run one step in a transaction of its own and log what it said.
+fn in_own_transaction(dbname: &str, kind: Kind, quiet_wait: bool) -> Option<String> {
+    match prune::in_transaction(|| run(kind, false, &Retention::now())) {
+        Ok(Some(message)) => {
+            if quiet_wait && message.starts_with("waiting") {
+                debug1!("dedup: database \"{dbname}\": {message}");
+            } else {
+                log!("dedup: database \"{dbname}\": {message}");
+            }
+            Some(message)
+        }
+        Ok(None) => None,
+        Err(message) => {
+            warning!(
+                "dedup: the {} step of the generations of database \"{dbname}\" failed: {message}",
+                kind.name()
+            );
+            None
+        }
+    }
+}
+
+/// The kinds of step, in the order a call runs them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Seal,
+    Drop,
+    Retire,
+    Publish,
+}
+
+impl Kind {
+    const ALL: [Kind; 4] = [Kind::Seal, Kind::Drop, Kind::Retire, Kind::Publish];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Seal => "seal",
+            Kind::Drop => "drop",
+            Kind::Retire => "retire",
+            Kind::Publish => "publish",
+        }
+    }
+}
+
+/// One step of `kind` if there is one to do or to report (inside a transaction).
+fn run(kind: Kind, force_publish: bool, retention: &Retention) -> Option<String> {
+    match kind {
+        Kind::Seal => seal(retention),
+        Kind::Drop => drop_retired(retention),
+        Kind::Retire => retire(retention),
+        Kind::Publish => publish(retention, force_publish),
+    }
+}
+
+/// The longest retention in force, in seconds: `dedup.retention` or the longest of the
+/// scopes' own (`dedup.scope_retention`), measured back from now in UTC as the pruner's
+/// cutoffs are (prune/horizons.rs), so that '1 month' counts the month it spans now.
+pub(crate) fn longest_retention_secs() -> f64 {
+    Spi::connect(|c| {
+        c.select(
+            "SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) \
+                 LEAST(pg_catalog.now() OPERATOR(pg_catalog.-) \
+                           pg_catalog.make_interval(secs => $1::pg_catalog.float8), \
+                       (SELECT pg_catalog.min(pg_catalog.timezone('UTC'::pg_catalog.text, \
+                                   pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
+                                   OPERATOR(pg_catalog.-) r.retention)) \
+                          FROM dedup.scope_retention AS r)))",
+            None,
+            &[DatumWithOid::from(f64::from(guc::RETENTION.get()))],
+        )?
+        .first()
+        .get_one::<f64>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading the retentions in force failed: {e}"))
+    .unwrap_or_else(|| f64::from(guc::RETENTION.get()))
+}
+
+/// The retention the steps use: the longest in force, and the width of a generation (a
+/// quarter of it, at least a second).
+struct Retention {
+    longest: f64,
+    width: f64,
+}
+
+impl Retention {
+    fn now() -> Retention {
+        let longest = longest_retention_secs();
+        Retention {
+            longest,
+            width: (longest / 4.0).max(1.0),
+        }
+    }
+}
+
+/// A row of `dedup.generations`, with what is due for it now.
+#[derive(Clone, PartialEq, Debug)]
+struct Row {
+    n: i32,
+    relname: String,
+    relid: pg_sys::Oid,
+    state: String,
+    waits: Option<String>,
+    /// This transaction wrote the row (its xmin is ours): a change not committed yet.
+    mine: bool,
+    /// opened_at + width <= now().
+    publish_due: bool,
+    /// sealed_at + the longest retention <= now().
+    retire_due: bool,
+}
+
+impl Row {
+    fn name(&self) -> String {
+        format!("dedup.{}", self.relname)
+    }
+}
+
+/// The table name of generation `n`.
+fn relname_of(n: i32) -> String {
+    if n == 0 {
+        "processed".to_string()
+    } else {
+        format!("processed_{n}")
+    }
+}
+
+/// Operators written OPERATOR() all bind alike, left to right: hence the parentheses.
+const ROWS: &str = "SELECT g.n, g.relname::pg_catalog.text, g.relid, g.state, g.waits, \
+        g.xmin::pg_catalog.text, \
+        g.opened_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) \
+            pg_catalog.make_interval(secs => $1::pg_catalog.float8)), \
+        COALESCE(g.sealed_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) \
+            pg_catalog.make_interval(secs => $2::pg_catalog.float8)), false) \
+   FROM dedup.generations AS g ORDER BY g.n";
+
+/// The rows of `dedup.generations`, by n. `fresh`: with a snapshot taken now (a statement
+/// run as a write: in READ COMMITTED it sees what another rotator committed while this one
+/// waited for the publishing lock); otherwise the caller's snapshot, and no transaction ID.
+fn load(fresh: bool, retention: &Retention) -> Vec<Row> {
+    let args = [
+        DatumWithOid::from(retention.width),
+        DatumWithOid::from(retention.longest),
+    ];
+    let rows = Spi::connect_mut(|c| {
+        let table = if fresh {
+            c.update(ROWS, None, &args)?
+        } else {
+            c.select(ROWS, None, &args)?
+        };
+        let mut rows = Vec::new();
+        for row in table {
+            let xmin: String = row.get(6)?.unwrap_or_default();
+            rows.push(Row {
+                n: row.get(1)?.unwrap_or(-1),
+                relname: row.get(2)?.unwrap_or_default(),
+                relid: row.get(3)?.unwrap_or(pg_sys::InvalidOid),
+                state: row.get(4)?.unwrap_or_default(),
+                waits: row.get(5)?,
+                mine: xmin.parse::<u32>().is_ok_and(|x| {
+                    // SAFETY: TransactionIdIsCurrentTransactionId only compares with this
+                    // backend's transaction state; no ERROR.
+                    unsafe { pg_sys::TransactionIdIsCurrentTransactionId(x.into()) }
+                }),
+                publish_due: row.get(7)?.unwrap_or(false),
+                retire_due: row.get(8)?.unwrap_or(false),
+            });
+        }
+        Ok::<_, pgrx::spi::Error>(rows)
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.generations failed: {e}"));
+    // The names go into DDL: only the ones this module gives.
+    for row in &rows {
+        if row.relname != relname_of(row.n) {
+            pgrx::error!(
+                "dedup: generation {} of dedup.generations is named {:?}, not {}",
+                row.n,
+                row.relname,
+                relname_of(row.n)
+            );
+        }
+    }
+    rows
+}
+
+/// `g` as it is now, under the publishing lock; None if another session changed it since
+/// the caller read it (that session did the step).
+fn reread(g: &Row, retention: &Retention) -> Option<Row> {
+    load(true, retention)
+        .into_iter()
+        .find(|r| r.n == g.n && r.state == g.state && r.waits == g.waits && r.relid == g.relid)
+}
+
+/// Run a statement that changes something; the number of rows it changed.
+fn exec(query: &str, args: &[DatumWithOid<'_>], what: &str) -> usize {
+    Spi::connect_mut(|c| c.update(query, None, args).map(|t| t.len()))
+        .unwrap_or_else(|e| pgrx::error!("dedup: {what} failed: {e}"))
+}
+
+/// An UPDATE or DELETE of generation `n`'s row that must change it.
+fn change_row(query: &str, n: i32, what: &str) {
+    if exec(query, &[DatumWithOid::from(n)], what) != 1 {
+        pgrx::error!("dedup: {what}: generation {n} is not in dedup.generations as it was");
+    }
+}
+
+/// Does this database use generations: the extension's `dedup.generations` exists and has
+/// a row (inside a transaction).
+fn in_use() -> bool {
+    // SAFETY: syscache lookups in the caller's transaction, under its guard; InvalidOid for
+    // what is missing; the names are 'static NUL-terminated strings they only read.
+    let catalog = unsafe {
+        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+        let relid = if nsp == pg_sys::InvalidOid {
+            pg_sys::InvalidOid
+        } else {
+            pg_sys::get_relname_relid(c"generations".as_ptr(), nsp)
+        };
+        let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
+        relid != pg_sys::InvalidOid
+            && ext != pg_sys::InvalidOid
+            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) == ext
+    };
+    catalog
+        && Spi::connect(|c| {
+            c.select("SELECT EXISTS (SELECT FROM dedup.generations)", None, &[])?
+                .first()
+                .get_one::<bool>()
+        })
+        .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.generations failed: {e}"))
+        .unwrap_or(false)
+}
+
+/// The OID of `dedup.processed`, checked as a claim checks it: the extension's own table,
+/// a heap table with the columns of 0.3.0 on and its primary key.
+///
+/// # Safety
+///
+/// In a transaction, under pgrx's guard (open_processed and check_layout raise ERRORs).
+unsafe fn processed_relid(func: &str) -> pg_sys::Oid {
+    // SAFETY: the contract above; open_processed returns an open relation (RowExclusiveLock,
+    // kept to the transaction's end by NoLock), read before table_close.
+    let rel = claim::open_processed();
+    let layout = claim::check_layout(rel, func);
+    let relid = (*rel).rd_id;
+    pg_sys::table_close(rel, pg_sys::NoLock as _);
+    if layout != claim::Layout::Leases {
+        error::unexpected_layout(func);
+    }
+    relid
+}
+
+// ---- Publish ----------------------------------------------------------------------------
+
+/// Publish a new generation if one is due (the current one is older than the width, and
+/// none is being sealed) or `force`d.
+fn publish(retention: &Retention, force: bool) -> Option<String> {
+    let rows = load(false, retention);
+    if let Some(s) = rows.iter().find(|g| g.state == SEALING) {
+        return force.then(|| {
+            format!(
+                "not published: {} is still being sealed (a generation is published once the \
+                 one before it is sealed)",
+                s.name()
+            )
+        });
+    }
+    let current = rows
+        .iter()
+        .find(|g| g.state == CURRENT)
+        .unwrap_or_else(|| pgrx::error!("dedup: dedup.generations has no current generation"));
+    if !force && !current.publish_due {
+        return None;
+    }
+    let n = current.n;
+    epoch::publishing();
+    let rows = load(true, retention);
+    let still = rows.iter().any(|g| g.n == n && g.state == CURRENT)
+        && !rows.iter().any(|g| g.state == SEALING);
+    // Else another session published meanwhile.
+    still.then(|| publish_next(&rows))
+}
+
+/// Make generation max(n) + 1, make it `current` and the current one `sealing`. The
+/// caller holds the publishing lock and read `rows` under it.
+fn publish_next(rows: &[Row]) -> String {
+    let current = rows
+        .iter()
+        .find(|g| g.state == CURRENT)
+        .unwrap_or_else(|| pgrx::error!("dedup: dedup.generations has no current generation"));
+    let n = rows
+        .iter()
+        .map(|g| g.n)
+        .max()
+        .and_then(|m| m.checked_add(1))
+        .unwrap_or_else(|| pgrx::error!("dedup: no generation number is left"));
+    let relname = relname_of(n);
+    let relid = create_generation(&relname);
+    change_row(
+        "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
+        current.n,
+        "marking the current generation sealing",
+    );
+    exec(
+        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
+         VALUES ($1, $2::pg_catalog.name, $3, 'current', pg_catalog.now())",
+        &[
+            DatumWithOid::from(n),
+            DatumWithOid::from(relname.as_str()),
+            DatumWithOid::from(relid),
+        ],
+        "recording the new generation",
+    );
+    format!("published dedup.{relname}")
+}
+
+/// The privileges on relation `$1` of roles other than its owner (PUBLIC included), as a
+/// FROM clause of aclexplode's rows `a`.
+const ACL_OTHERS: &str = "FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a \
+      WHERE c.oid OPERATOR(pg_catalog.=) $1 \
+        AND a.grantee OPERATOR(pg_catalog.<>) c.relowner";
+
+/// Create `dedup.<relname>` with the columns of `dedup.processed` (sql/claims.sql), its
+/// primary key and nothing else, in processed's tablespaces, owned by processed's owner and
+/// granting nothing to anyone else (whatever default privileges gave); its OID.
+fn create_generation(relname: &str) -> pg_sys::Oid {
+    let (owner, table_space, index_space) = Spi::get_three::<String, String, String>(
+        "SELECT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(c.relowner)::pg_catalog.text), \
+                (SELECT pg_catalog.quote_ident(t.spcname::pg_catalog.text) \
+                   FROM pg_catalog.pg_tablespace AS t \
+                  WHERE t.oid OPERATOR(pg_catalog.=) c.reltablespace), \
+                (SELECT pg_catalog.quote_ident(t.spcname::pg_catalog.text) \
+                   FROM pg_catalog.pg_index AS i \
+                   JOIN pg_catalog.pg_class AS x ON x.oid OPERATOR(pg_catalog.=) i.indexrelid \
+                   JOIN pg_catalog.pg_tablespace AS t ON t.oid OPERATOR(pg_catalog.=) x.reltablespace \
+                  WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid AND i.indisprimary) \
+           FROM pg_catalog.pg_class AS c \
+          WHERE c.relname OPERATOR(pg_catalog.=) 'processed'::pg_catalog.name \
+            AND c.relnamespace OPERATOR(pg_catalog.=) \
+                (SELECT s.oid FROM pg_catalog.pg_namespace AS s \
+                  WHERE s.nspname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name)",
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading the owner of dedup.processed failed: {e}"));
+    let owner = owner.unwrap_or_else(|| pgrx::error!("dedup: dedup.processed has no owner"));
+    let index_space = index_space
+        .map(|t| format!(" USING INDEX TABLESPACE {t}"))
+        .unwrap_or_default();
+    let table_space = table_space
+        .map(|t| format!(" TABLESPACE {t}"))
+        .unwrap_or_default();
+    // The columns of sql/claims.sql, in its order (claim::COLUMNS); USING heap whatever
+    // default_table_access_method says (claims are written into the heap directly).
+    exec(
+        &format!(
+            "CREATE TABLE dedup.{relname} ( \
+                scope            pg_catalog.text COLLATE pg_catalog.\"C\" NOT NULL, \
+                job_id           pg_catalog.text COLLATE pg_catalog.\"C\" NOT NULL, \
+                processed_at     pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), \
+                fingerprint      pg_catalog.text COLLATE pg_catalog.\"C\", \
+                result           pg_catalog.jsonb, \
+                lease_id         pg_catalog.uuid, \
+                lease_expires_at pg_catalog.timestamptz, \
+                CONSTRAINT {relname}_pkey PRIMARY KEY (job_id, scope){index_space} \
+             ) USING heap{table_space}"
+        ),
+        &[],
+        &format!("creating dedup.{relname}"),
+    );
+    exec(
+        &format!("ALTER TABLE dedup.{relname} OWNER TO {owner}"),
+        &[],
+        &format!("giving dedup.{relname} to the owner of dedup.processed"),
+    );
+    let relid = Spi::get_one_with_args::<pg_sys::Oid>(
+        "SELECT c.oid FROM pg_catalog.pg_class AS c \
+          WHERE c.relname OPERATOR(pg_catalog.=) $1::pg_catalog.name \
+            AND c.relnamespace OPERATOR(pg_catalog.=) \
+                (SELECT s.oid FROM pg_catalog.pg_namespace AS s \
+                  WHERE s.nspname OPERATOR(pg_catalog.=) 'dedup'::pg_catalog.name)",
+        &[DatumWithOid::from(relname)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| pgrx::error!("dedup: dedup.{relname} was not created"));
+    // Nobody but the owner writes a generation: try_claim is the only way in (as for
+    // dedup.processed, sql/claims.sql). REVOKE by a superuser acts as the owner, the grantor
+    // of what default privileges gave (ALTER TABLE OWNER made the new owner their grantor).
+    exec(
+        &format!("REVOKE ALL ON TABLE dedup.{relname} FROM PUBLIC"),
+        &[],
+        &format!("revoking the privileges of PUBLIC on dedup.{relname}"),
+    );
+    let grantees = Spi::connect(|c| {
+        let rows = c.select(
+            &format!(
+                "SELECT DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)::pg_catalog.text) \
+                 {ACL_OTHERS} AND a.grantee OPERATOR(pg_catalog.<>) 0::pg_catalog.oid"
+            ),
+            None,
+            &[DatumWithOid::from(relid)],
+        )?;
+        let mut grantees = Vec::new();
+        for row in rows {
+            if let Some(g) = row.get::<String>(1)? {
+                grantees.push(g);
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(grantees)
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading the privileges of dedup.{relname} failed: {e}"));
+    for grantee in grantees {
+        exec(
+            &format!("REVOKE ALL ON TABLE dedup.{relname} FROM {grantee} CASCADE"),
+            &[],
+            &format!("revoking the privileges of {grantee} on dedup.{relname}"),
+        );
+    }
+    let left = Spi::get_one_with_args::<i64>(
+        &format!("SELECT pg_catalog.count(*) {ACL_OTHERS}"),
+        &[DatumWithOid::from(relid)],
+    )
+    .ok()
+    .flatten()
+    .unwrap_or(0);
+    if left > 0 {
+        pgrx::error!(
+            "dedup: dedup.{relname} still grants privileges to a role other than its owner"
+        );
+    }
+    relid
+}
+
+// ---- Seal -------------------------------------------------------------------------------
+
+/// The seal of the generation being sealed: list its lockers once, poll them, seal it when
+/// they have all ended.
+fn seal(retention: &Retention) -> Option<String> {
+    let g = load(false, retention)
+        .into_iter()
+        .find(|g| g.state == SEALING)?;
+    let name = g.name();
+    let stored = g
+        .waits
+        .as_deref()
+        .and_then(Waits::parse)
+        .filter(Waits::this_run);
+    if stored.is_none() && g.mine {
+        // Listed before the publication commits, a claimer that locks the old generation
+        // in between would be missed: it reads the old epoch and inserts there.
+        return Some(format!(
+            "{name} is sealed by a later call, once this transaction (which published the \
+             generation after it) has committed"
+        ));
+    }
+    if let Some(w) = &stored {
+        let running = w.running();
+        if !running.is_empty() {
+            return Some(format!("waiting for {} to seal {name}", describe(&running)));
+        }
+    }
+    if held_by_me(g.relid) {
+        // GetLockConflicts leaves this transaction out: it may have inserted there.
+        return Some(format!(
+            "{name} is sealed by a later call, once this transaction (which holds a lock on \
+             it) has ended"
+        ));
+    }
+    epoch::publishing();
+    let g = reread(&g, retention)?;
+    let waits = match stored {
+        Some(w) => w,
+        None => {
+            // The list is taken once (and again only after a restart): taken at every pass,
+            // a stream of new lockers could hold the seal back for ever.
+            let w = Waits::list(g.relid, pg_sys::ShareLock);
+            set_waits(&g, &w.text());
+            w
+        }
+    };
+    let running = waits.running();
+    if !running.is_empty() {
+        return Some(format!("waiting for {} to seal {name}", describe(&running)));
+    }
+    // clock_timestamp(): after every listed transaction ended, so after every commit of a
+    // claim in the generation; its retention counts from here.
+    change_row(
+        "UPDATE dedup.generations AS g \
+            SET state = 'sealed', sealed_at = pg_catalog.clock_timestamp(), waits = NULL \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'sealing'",
+        g.n,
+        "sealing",
+    );
+    Some(format!("sealed {name}"))
+}
+
+/// Store the wait list of `g` (under the publishing lock).
+fn set_waits(g: &Row, waits: &str) {
+    let changed = exec(
+        "UPDATE dedup.generations AS g SET waits = $3 \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) $2",
+        &[
+            DatumWithOid::from(g.n),
+            DatumWithOid::from(g.state.as_str()),
+            DatumWithOid::from(waits),
+        ],
+        "recording a wait list",
+    );
+    if changed != 1 {
+        pgrx::error!("dedup: generation {} is no longer {}", g.n, g.state);
+    }
+}
+
+/// Does this transaction hold a lock on `relid`, in any mode?
+fn held_by_me(relid: pg_sys::Oid) -> bool {
+    // SAFETY: CheckRelationOidLockedByMe looks in this backend's local lock table only; the
+    // same signature from 15 to 18; no ERROR.
+    unsafe {
+        pg_sys::CheckRelationOidLockedByMe(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE, true)
+    }
+}
+
+// ---- Retire -----------------------------------------------------------------------------
+
+/// Retire the oldest sealed generation whose seal is older than the longest retention.
+fn retire(retention: &Retention) -> Option<String> {
+    let g = load(false, retention)
+        .into_iter()
+        .find(|g| g.state == SEALED && g.retire_due)?;
+    epoch::publishing();
+    let g = reread(&g, retention)?;
+    change_row(
+        "UPDATE dedup.generations AS g \
+            SET state = 'retired', retired_at = pg_catalog.now(), waits = NULL \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'sealed'",
+        g.n,
+        "retiring",
+    );
+    Some(format!(
+        "retired {}: sealed more than the longest retention ({:.0} s) ago",
+        g.name(),
+        retention.longest
+    ))
+}
+
+// ---- Drop -------------------------------------------------------------------------------
+
+/// The drop of the oldest retired generation whose table is still there: list its lockers
+/// once (every mode), poll them, then take its lock only if it is free at once, and drop it
+/// (n >= 1) or truncate `dedup.processed` (n = 0).
+fn drop_retired(retention: &Retention) -> Option<String> {
+    let g = load(false, retention)
+        .into_iter()
+        .find(|g| g.state == RETIRED && g.waits.as_deref() != Some(TRUNCATED))?;
+    let name = g.name();
+    let (verb, done) = if g.n == 0 {
+        ("truncate", "truncated")
+    } else {
+        ("drop", "dropped")
+    };
+    let stored = g
+        .waits
+        .as_deref()
+        .and_then(Waits::parse)
+        .filter(Waits::this_run);
+    if stored.is_none() && g.mine {
+        // A claimer with the list from before the retirement may lock it until then.
+        return Some(format!(
+            "{name} is {done} by a later call, once this transaction (which retired it) has \
+             committed"
+        ));
+    }
+    let locked_out = || {
+        format!(
+            "{name} is locked by another transaction: it is {done} by a later call (the \
+             rotation never waits in the lock queue)"
+        )
+    };
+    if let Some(w) = &stored {
+        let running = w.running();
+        if !running.is_empty() {
+            return Some(format!(
+                "waiting for {} to {verb} {name}",
+                describe(&running)
+            ));
+        }
+        if !try_lock(g.relid) {
+            return Some(locked_out());
+        }
+    }
+    epoch::publishing();
+    let Some(g) = reread(&g, retention) else {
+        unlock(g.relid);
+        return None;
+    };
+    if stored.is_none() {
+        let w = Waits::list(g.relid, pg_sys::AccessExclusiveLock);
+        set_waits(&g, &w.text());
+        let running = w.running();
+        if !running.is_empty() {
+            return Some(format!(
+                "waiting for {} to {verb} {name}",
+                describe(&running)
+            ));
+        }
+        if !try_lock(g.relid) {
+            return Some(locked_out());
+        }
+    }
+    // Under AccessExclusiveLock: the table cannot be renamed, dropped or used meanwhile.
+    // SAFETY: in the caller's transaction, under its guard, holding the lock on g.relid.
+    match unsafe { recorded(&g) } {
+        Recorded::Same => {
+            // DROP TABLE and TRUNCATE also lock the table's indexes and TOAST table, which
+            // any role can lock (pg_relation_size of the primary key in an open
+            // transaction): taken here only if free at once too, so the drop never waits in
+            // a lock queue holding the table's lock, with claimers queued behind it.
+            if !try_lock_dependents(g.relid) {
+                unlock(g.relid);
+                return Some(locked_out());
+            }
+        }
+        Recorded::Gone if g.n > 0 => {
+            unlock(g.relid);
+            change_row(
+                "DELETE FROM dedup.generations AS g \
+                  WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'retired'",
+                g.n,
+                "forgetting a dropped generation",
+            );
+            return Some(format!("forgot {name}: its table was dropped already"));
+        }
+        Recorded::Gone | Recorded::Other => {
+            unlock(g.relid);
+            let message = format!(
+                "{name} is not {done}: it is not the table recorded in dedup.generations \
+                 (relid {}); a superuser must check the schema dedup",
+                u32::from(g.relid)
+            );
+            warning!("dedup: {message}");
+            return Some(message);
+        }
+    }
+    if g.n == 0 {
+        exec(
+            "TRUNCATE ONLY dedup.processed",
+            &[],
+            "truncating dedup.processed",
+        );
+        // Retired for good: it is never opened for claims again.
+        change_row(
+            "UPDATE dedup.generations AS g SET waits = 'truncated' \
+              WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'retired'",
+            g.n,
+            "recording the truncation",
+        );
+    } else {
+        exec(
+            &format!("DROP TABLE dedup.{}", g.relname),
+            &[],
+            &format!("dropping {name}"),
+        );
+        change_row(
+            "DELETE FROM dedup.generations AS g \
+              WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'retired'",
+            g.n,
+            "forgetting a dropped generation",
+        );
+    }
+    Some(format!("{done} {name}"))
+}
+
+/// ACCESS EXCLUSIVE on `relid` if no one holds or waits for a lock in the way; never waits.
+fn try_lock(relid: pg_sys::Oid) -> bool {
+    // SAFETY: in the caller's transaction (the lock is its resource owner's until it ends);
+    // ConditionalLockRelationOid returns false rather than wait, and raises an ERROR only
+    // when the shared lock table is full, through the caller's guard.
+    unsafe {
+        pg_sys::ConditionalLockRelationOid(relid, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE)
+    }
+}
+
+/// ACCESS EXCLUSIVE, each only if free at once, on the indexes of `relid`, its TOAST table
+/// and the TOAST table's indexes; false (the ones taken released) if one is not free.
+fn try_lock_dependents(relid: pg_sys::Oid) -> bool {
+    let oids: Vec<pg_sys::Oid> = Spi::connect(|c| {
+        let rows = c.select(
+            "SELECT i.indexrelid FROM pg_catalog.pg_index AS i \
+              WHERE i.indrelid OPERATOR(pg_catalog.=) $1 \
+             UNION ALL \
+             SELECT c.reltoastrelid FROM pg_catalog.pg_class AS c \
+              WHERE c.oid OPERATOR(pg_catalog.=) $1 \
+                AND c.reltoastrelid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid \
+             UNION ALL \
+             SELECT i.indexrelid FROM pg_catalog.pg_index AS i \
+               JOIN pg_catalog.pg_class AS c \
+                 ON i.indrelid OPERATOR(pg_catalog.=) c.reltoastrelid \
+              WHERE c.oid OPERATOR(pg_catalog.=) $1",
+            None,
+            &[DatumWithOid::from(relid)],
+        )?;
+        let mut oids = Vec::new();
+        for row in rows {
+            if let Some(oid) = row.get::<pg_sys::Oid>(1)? {
+                oids.push(oid);
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(oids)
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: listing the indexes of a generation failed: {e}"));
+    for (i, oid) in oids.iter().enumerate() {
+        if !try_lock(*oid) {
+            for taken in &oids[..i] {
+                unlock(*taken);
+            }
+            return false;
+        }
+    }
+    true
+}
+
+/// Release the lock of [`try_lock`] early (a table we leave alone), if this transaction
+/// holds it.
+fn unlock(relid: pg_sys::Oid) {
+    let mode = pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE;
+    // SAFETY: CheckRelationOidLockedByMe reads the local lock table only (orstronger =
+    // false: that very mode); no ERROR.
+    if unsafe { pg_sys::CheckRelationOidLockedByMe(relid, mode, false) } {
+        // SAFETY: we hold it (try_lock); UnlockRelationOid releases one hold of it, a
+        // WARNING at most if it were not held.
+        unsafe { pg_sys::UnlockRelationOid(relid, mode) };
+    }
+}
+
+/// What `relid` names now, compared with the row.
+enum Recorded {
+    /// The table dedup.<relname> itself, a plain table.
+    Same,
+    /// No relation has that OID, and no table dedup.<relname> exists.
+    Gone,
+    /// Something else (a restore gave the table a new OID, or the OID was reused).
+    Other,
+}
+
+/// # Safety
+///
+/// In a transaction, under pgrx's guard (syscache lookups), holding a lock on `g.relid`
+/// (so its name and schema cannot change meanwhile; taking it accepted invalidations).
+unsafe fn recorded(g: &Row) -> Recorded {
+    // SAFETY: the contract above. get_rel_name returns a palloc'd copy or NULL;
+    // get_namespace_oid (missing_ok) and get_relname_relid return InvalidOid for what does
+    // not exist; the C strings outlive the calls.
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    let name = pg_sys::get_rel_name(g.relid);
+    if !name.is_null() {
+        let same = nsp != pg_sys::InvalidOid
+            && CStr::from_ptr(name).to_bytes() == g.relname.as_bytes()
+            && pg_sys::get_rel_namespace(g.relid) == nsp
+            && pg_sys::get_rel_relkind(g.relid) == pg_sys::RELKIND_RELATION as std::ffi::c_char;
+        return if same {
+            Recorded::Same
+        } else {
+            Recorded::Other
+        };
+    }
+    let relname = CString::new(g.relname.as_str()).expect("no NUL in a generation's name");
+    if nsp == pg_sys::InvalidOid
+        || pg_sys::get_relname_relid(relname.as_ptr(), nsp) == pg_sys::InvalidOid
+    {
+        Recorded::Gone
+    } else {
+        Recorded::Other
+    }
+}
+
+// ---- Wait lists -------------------------------------------------------------------------
+
+/// The transactions a seal or a drop waits for: listed once, stored in the generation's
+/// `waits` as "<postmaster start, µs>;<proc>:<lxid>,<proc>:<lxid>" (a virtual transaction
+/// ID is only meaningful until the server restarts: a list from before is taken again).
+struct Waits {
+    started: i64,
+    vxids: Vec<(i32, u32)>,
+}
+
+impl Waits {
+    /// The virtual transactions (but ours) holding a lock on `relid` that conflicts with
+    /// `mode`, as CREATE INDEX CONCURRENTLY's WaitForLockers lists them; prepared
+    /// transactions included. Takes no lock.
+    fn list(relid: pg_sys::Oid, mode: u32) -> Waits {
+        // SET_LOCKTAG_RELATION (a macro): this database, the relation.
+        let tag = pg_sys::LOCKTAG {
+            // SAFETY: MyDatabaseId is set once the backend is connected.
+            locktag_field1: unsafe { pg_sys::MyDatabaseId }.into(),
+            locktag_field2: relid.into(),
+            locktag_field3: 0,
+            locktag_field4: 0,
+            locktag_type: pg_sys::LockTagType::LOCKTAG_RELATION as u8,
+            locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+        };
+        let mut count: std::ffi::c_int = 0;
+        let mut vxids = Vec::new();
+        // SAFETY: GetLockConflicts reads the lock table (and every backend's fast-path
+        // slots) under the lock manager's LWLocks, released before it returns; it returns
+        // `count` entries (then an invalid one) palloc'd in CurrentMemoryContext (a static
+        // array in hot standby, where nothing calls this: step() returns first), read at
+        // once. It leaves out this backend's own transaction. ERRORs (out of memory) go
+        // through the caller's guard.
+        unsafe {
+            let array = pg_sys::GetLockConflicts(&tag, mode as pg_sys::LOCKMODE, &mut count);
+            for i in 0..count.max(0) as usize {
+                let (proc, lxid) = vxid::parts(&*array.add(i));
+                if lxid != 0 {
+                    vxids.push((proc, lxid));
+                }
+            }
+        }
+        Waits {
+            started: start_time(),
+            vxids,
+        }
+    }
+
+    fn text(&self) -> String {
+        let list: Vec<String> = self.vxids.iter().map(|(p, l)| format!("{p}:{l}")).collect();
+        format!("{};{}", self.started, list.join(","))
+    }
+
+    /// A stored list; None if there is none (or it is not one, as 'truncated').
+    fn parse(s: &str) -> Option<Waits> {
+        let (started, list) = s.split_once(';')?;
+        let started = started.parse().ok()?;
+        let mut vxids = Vec::new();
+        for entry in list.split(',').filter(|e| !e.is_empty()) {
+            let (proc, lxid) = entry.split_once(':')?;
+            let lxid: u32 = lxid.parse().ok()?;
+            if lxid == 0 {
+                return None;
+            }
+            vxids.push((proc.parse().ok()?, lxid));
+        }
+        Some(Waits { started, vxids })
+    }
+
+    /// Taken since the postmaster started (a restart ended every transaction listed; a
+    /// promoted standby's start differs too). Prepared transactions survive a restart, so
+    /// an older list is taken again, not taken as done.
+    fn this_run(&self) -> bool {
+        self.started == start_time()
+    }
+
+    /// The listed transactions that have not ended yet.
+    fn running(&self) -> Vec<(i32, u32)> {
+        self.vxids
+            .iter()
+            .copied()
+            .filter(|&(proc, lxid)| {
+                // SAFETY: VirtualXactLock with wait = false checks the backend's fast-path
+                // VXID (under its fpInfoLock), or for a transaction prepared since, its XID's
+                // lock with a conditional LockAcquire released at once: it never waits.
+                // true: the transaction has ended. lxid is valid (parse, list). An ERROR (a
+                // full lock table) goes through the caller's guard.
+                !unsafe { pg_sys::VirtualXactLock(vxid::make(proc, lxid), false) }
+            })
+            .collect()
+    }
+}
+
+/// The postmaster's start time (µs since 2000).
+fn start_time() -> i64 {
+    // SAFETY: a plain read of a global set by the postmaster before any backend started.
+    unsafe { pg_sys::PgStartTime }
+}
+
+/// Who holds a listed transaction, for the log.
+enum Holder {
+    Pid(i32),
+    Prepared(pg_sys::TransactionId),
+    /// Ended between the poll and this look.
+    Unknown,
+}
+
+fn holder(proc: i32, lxid: u32) -> Holder {
+    if proc < 0 {
+        // A prepared transaction recovered at startup: its lxid is its XID.
+        return Holder::Prepared(lxid.into());
+    }
+    // SAFETY: proc_of returns a PGPROC of the shared array (valid for the server's life)
+    // or NULL; pid and lxid are read without a lock, for a message only: a backend that
+    // moves on meanwhile is told as prepared or unknown.
+    unsafe {
+        let p = vxid::proc_of(proc);
+        if !p.is_null() && vxid::lxid_of(p) == lxid {
+            let pid = std::ptr::read_volatile(std::ptr::addr_of!((*p).pid));
+            if pid != 0 {
+                return Holder::Pid(pid);
+            }
+        }
+        // Not that backend's transaction any more, yet not ended: prepared since.
+        let mut more = false;
+        let xid = unguarded::TwoPhaseGetXidByVirtualXID(vxid::make(proc, lxid), &mut more);
+        if xid == pg_sys::InvalidTransactionId {
+            Holder::Unknown
+        } else {
+            Holder::Prepared(xid)
+        }
+    }
+}
+
+/// "2 transactions (pids 123, 456; prepared transaction 'x')".
+fn describe(running: &[(i32, u32)]) -> String {
+    let mut pids = Vec::new();
+    let mut others = Vec::new();
+    for &(proc, lxid) in running {
+        match holder(proc, lxid) {
+            Holder::Pid(pid) => pids.push(pid.to_string()),
+            Holder::Prepared(xid) => others.push(match gid_of(xid) {
+                Some(gid) => format!("prepared transaction '{}'", gid.replace('\'', "''")),
+                None => format!("prepared transaction of xid {}", xid.into_inner()),
+            }),
+            Holder::Unknown => others.push("one that just ended".to_string()),
+        }
+    }
+    let mut who = Vec::new();
+    if !pids.is_empty() {
+        let s = if pids.len() == 1 { "" } else { "s" };
+        who.push(format!("pid{s} {}", pids.join(", ")));
+    }
+    who.extend(others);
+    let s = if running.len() == 1 { "" } else { "s" };
+    format!("{} transaction{s} ({})", running.len(), who.join("; "))
+}
+
+/// The gid of the prepared transaction `xid`, if it is still prepared.
+fn gid_of(xid: pg_sys::TransactionId) -> Option<String> {
+    Spi::connect(|c| {
+        let rows = c.select(
+            "SELECT p.gid FROM pg_catalog.pg_prepared_xacts AS p \
+              WHERE p.transaction OPERATOR(pg_catalog.=) $1::pg_catalog.xid",
+            None,
+            &[DatumWithOid::from(xid.into_inner().to_string())],
+        )?;
+        let mut gid = None;
+        for row in rows {
+            gid = row.get::<String>(1)?;
+        }
+        Ok::<_, pgrx::spi::Error>(gid)
+    })
+    .ok()
+    .flatten()
+}
+
+/// VirtualTransactionId: 17 renamed `backendId` to `procNumber` (and moved PGPROC's lxid
+/// into its `vxid`); 15 and 16 find a backend's PGPROC with BackendIdGetProc, which
+/// pgrx-pg-sys does not bind, 17 and 18 with ProcNumberGetProc.
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+mod vxid {
+    use pgrx::pg_sys;
+
+    pub(super) fn parts(v: &pg_sys::VirtualTransactionId) -> (i32, u32) {
+        (v.backendId, v.localTransactionId)
+    }
+
+    pub(super) fn make(proc: i32, lxid: u32) -> pg_sys::VirtualTransactionId {
+        pg_sys::VirtualTransactionId {
+            backendId: proc,
+            localTransactionId: lxid,
+        }
+    }
+
+    /// # Safety
+    ///
+    /// On the backend's main thread, connected to shared memory.
+    pub(super) unsafe fn proc_of(proc: i32) -> *mut pg_sys::PGPROC {
+        // SAFETY: BackendIdGetProc returns NULL for an ID out of range (see unguarded).
+        super::unguarded::BackendIdGetProc(proc)
+    }
+
+    /// # Safety
+    ///
+    /// `p` is a PGPROC of the shared array.
+    pub(super) unsafe fn lxid_of(p: *const pg_sys::PGPROC) -> u32 {
+        // SAFETY: an aligned u32 of shared memory, read without its lock (a message only).
+        std::ptr::read_volatile(std::ptr::addr_of!((*p).lxid))
+    }
+}
+
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+mod vxid {
+    use pgrx::pg_sys;
+
+    pub(super) fn parts(v: &pg_sys::VirtualTransactionId) -> (i32, u32) {
+        (v.procNumber, v.localTransactionId)
+    }
+
+    pub(super) fn make(proc: i32, lxid: u32) -> pg_sys::VirtualTransactionId {
+        pg_sys::VirtualTransactionId {
+            procNumber: proc,
+            localTransactionId: lxid,
+        }
+    }
+
+    /// # Safety
+    ///
+    /// On the backend's main thread, connected to shared memory.
+    pub(super) unsafe fn proc_of(proc: i32) -> *mut pg_sys::PGPROC {
+        // SAFETY: ProcNumberGetProc returns NULL for a number out of range or a PGPROC
+        // without a process; no ERROR.
+        pg_sys::ProcNumberGetProc(proc)
+    }
+
+    /// # Safety
+    ///
+    /// `p` is a PGPROC of the shared array.
+    pub(super) unsafe fn lxid_of(p: *const pg_sys::PGPROC) -> u32 {
+        // SAFETY: an aligned u32 of shared memory, read without its lock (a message only).
+        std::ptr::read_volatile(std::ptr::addr_of!((*p).vxid.lxid))
+    }
+}
+
+/// Functions pgrx-pg-sys 0.18.1 does not bind, declared from the headers; neither can
+/// raise an ERROR, so they are called without pgrx's guard.
+mod unguarded {
+    use pgrx::pg_sys;
+    // SAFETY: each prototype is copied from the headers of the majors it is declared for
+    // (storage/sinvaladt.h:34 in 15 and 16; access/twophase.h:37 in 15 to 18) and the
+    // symbols are exported by the server.
+    extern "C" {
+        /// The PGPROC of a backend ID, or NULL (out of range, or no backend there): takes
+        /// SInvalWriteLock shared, reads one array entry, releases it; no ereport.
+        #[cfg(any(feature = "pg15", feature = "pg16"))]
+        pub fn BackendIdGetProc(backend_id: std::ffi::c_int) -> *mut pg_sys::PGPROC;
+        /// The XID of the prepared transaction that was the virtual transaction `vxid`
+        /// (InvalidTransactionId if none); takes TwoPhaseStateLock shared and scans the
+        /// prepared transactions; no ereport. `have_more` must point to a false bool.
+        pub fn TwoPhaseGetXidByVirtualXID(
+            vxid: pg_sys::VirtualTransactionId,
+            have_more: *mut bool,
+        ) -> pg_sys::TransactionId;
+    }
+}
