@@ -36,6 +36,8 @@ mod expired;
 mod fake_service;
 #[path = "integration/fuzz.rs"]
 mod fuzz;
+#[path = "integration/generations.rs"]
+mod generations;
 #[path = "integration/isolation_levels.rs"]
 mod isolation_levels;
 #[path = "integration/isolation_specs.rs"]
@@ -133,6 +135,20 @@ const TESTS: &[(&str, TestFn)] = tests![
     worker::full_worker_slots_hold_up_pruning_only_while_full,
     worker::a_slow_database_does_not_hold_up_the_others,
     worker::a_visit_cut_short_ends_a_run_of_failures,
+    generations::use_generations_refuses_without_preload_for_others_and_twice,
+    generations::claims_go_to_the_current_generation,
+    generations::a_claim_before_a_rotation_is_a_duplicate_after_it,
+    generations::a_copy_in_flight_in_the_old_generation_is_waited_for,
+    generations::the_seal_waits_for_an_open_claimer_and_blocks_no_claim,
+    generations::a_prepared_transaction_holds_back_the_seal,
+    generations::the_drop_never_queues,
+    generations::processed_is_truncated_not_dropped_after_its_retention,
+    generations::leases_results_and_forget_refuse_with_generations,
+    generations::the_epoch_is_even_after_a_failed_publication,
+    generations::a_crash_restart_keeps_every_claim_across_generations,
+    generations::worker_rotates_by_a_quarter_of_the_retention,
+    generations::isolation_specs_at_the_boundary,
+    generations::generations_torture,
     leases::concurrent_leases_of_one_job_have_one_holder,
     leases::crashed_holder_lease_is_taken_over_once,
     leases::crash_between_effect_and_done_marker_repeats_the_effect,
@@ -210,6 +226,10 @@ pub const NATIVE_ONLY: &[(&str, &str)] = &[
     ("operations::batches_and_advances_are_counted", COUNTERS),
     ("expired::", EXPIRED),
     ("worker::", WORKER),
+    (
+        "generations::",
+        "claims in rotating generations need the native library preloaded (their epoch is in shared memory); the portable edition's dedup.use_generations refuses",
+    ),
     (
         "fuzz::",
         "it calls the native library's functions with the counters preloaded; the portable edition's are PL/pgSQL",

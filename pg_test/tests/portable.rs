@@ -46,6 +46,7 @@ const TABLES: &[&str] = &[
     "_prune_status",
     "forgotten",
     "offsets",
+    "generations",
 ];
 
 fn main() -> ExitCode {

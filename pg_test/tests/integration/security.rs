@@ -43,6 +43,12 @@ pub async fn unprivileged_role_claims_but_cannot_touch_the_table(ctx: Ctx) -> Re
         "DROP FUNCTION dedup.try_claim(text, text)",
         "ALTER FUNCTION dedup.try_claim(text, text) SECURITY DEFINER",
         "LOCK TABLE dedup.processed IN ACCESS EXCLUSIVE MODE",
+        // The catalog of generations decides where claims go (0.7.0): closed too.
+        "SELECT * FROM dedup.generations",
+        "INSERT INTO dedup.generations VALUES (1, 'mine', 0, 'current', now())",
+        "UPDATE dedup.generations SET state = 'retired'",
+        "DELETE FROM dedup.generations",
+        "TRUNCATE dedup.generations",
     ] {
         w.batch_execute("BEGIN").await?;
         let state = expect_sqlstate(w.batch_execute(sql).await, sql)?;
@@ -408,6 +414,11 @@ pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result
         "SELECT dedup.set_retention('q', '1 day')",
         "SELECT dedup.stats_reset()",
         "SELECT dedup._raise('YD001', 'forged', 'forged')",
+        "SELECT dedup.use_generations()",
+        "SELECT dedup.rotate_generations()",
+        "SELECT dedup.rotate_generations(publish => true)",
+        "SELECT * FROM dedup.claims()",
+        "SELECT * FROM dedup.generations",
     ] {
         ensure_eq(
             expect_sqlstate(w.batch_execute(sql).await, sql)?.as_str(),

@@ -1,0 +1,2078 @@
+//! Claims in rotating generations (issue 26, slice 1; docs/design/generations.md). A
+//! database opts in with `dedup.use_generations()`; claims then go into the current
+//! generation, a table `dedup.processed_<n>`, and are cross-checked against the other live
+//! generations. `dedup.rotate_generations()` (and the background worker) publishes the next
+//! generation, seals the old one once every transaction that could still insert into it has
+//! ended, retires a sealed one once its retention has passed, and drops it (or truncates
+//! `dedup.processed`, the first generation) once nobody holds it; no step waits in a lock
+//! queue, and no claim waits for a step.
+//!
+//! The epoch lives in shared memory, so every test but the refusal without preloading runs
+//! a cluster of its own with `shared_preload_libraries = 'dedup'`, the worker off
+//! (`dedup.prune_interval = 0`: only the test rotates) and `max_prepared_transactions`;
+//! `worker_rotates_by_a_quarter_of_the_retention` leaves the rotation to the worker. The
+//! sessions have a `statement_timeout` (claims 5 s, the test's own steps 20 s), so a claim
+//! stuck behind an odd epoch, or a rotation step that waits instead of polling, fails the
+//! test instead of hanging it.
+use crate::common::{claim, ensure_eq, expect_sqlstate, kill9, wait_until_blocked, Ctx};
+use crate::worker::eventually;
+use anyhow::{bail, Context, Result};
+use dedup_pg_test::cluster::{Cluster, Options};
+use dedup_pg_test::{connect, connect_when_up, sqlstate, Conn};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The database of each test's cluster, with the extension.
+const DB: &str = "gen";
+
+/// A cluster preloading dedup, with the worker off and prepared transactions allowed.
+fn preloaded(name: &str) -> Options {
+    Options::named(name)
+        .set("shared_preload_libraries", "dedup")
+        .set("dedup.prune_interval", "0")
+        .set("max_prepared_transactions", "10")
+}
+
+/// A cluster of its own started with `opts`, and the connection string of its database
+/// `gen`, which has the extension.
+async fn server(opts: Options) -> Result<(Cluster, String)> {
+    let cluster = tokio::task::spawn_blocking(move || -> Result<Cluster> {
+        let cluster = Cluster::start(opts)?;
+        cluster.create_db_with_extension(DB)?;
+        Ok(cluster)
+    })
+    .await??;
+    let dsn = cluster.dsn(DB);
+    Ok((cluster, dsn))
+}
+
+async fn with_timeout(c: Conn, timeout: &str) -> Result<Conn> {
+    c.batch_execute(&format!(
+        "SET statement_timeout = '{timeout}'; SET dedup.warn_outside_transaction = off"
+    ))
+    .await?;
+    Ok(c)
+}
+
+/// A superuser session for the test's own steps (rotations, catalog reads).
+async fn admin(dsn: &str) -> Result<Conn> {
+    with_timeout(connect(dsn).await?, "20s").await
+}
+
+/// A claiming session (a superuser too, unless `dsn` names another user).
+async fn claimer(dsn: &str) -> Result<Conn> {
+    with_timeout(connect(dsn).await?, "5s").await
+}
+
+/// The first column of the one row `sql` returns.
+async fn one<T>(c: &Conn, sql: &str) -> Result<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    Ok(c.query_one(sql, &[])
+        .await
+        .with_context(|| sql.to_string())?
+        .get(0))
+}
+
+/// The SQLSTATE and message of `sql`'s error (an error if it succeeded).
+async fn error_of(c: &Conn, sql: &str) -> Result<(String, String)> {
+    let r = c.batch_execute(sql).await;
+    let message = match &r {
+        Err(e) => e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string()),
+        Ok(()) => String::new(),
+    };
+    Ok((expect_sqlstate(r, sql)?, message))
+}
+
+/// `sql` (one boolean) in a transaction of its own, committed.
+async fn claim_tx(c: &Conn, sql: &str) -> Result<bool> {
+    c.batch_execute("BEGIN").await?;
+    match claim(c, sql).await {
+        Ok(v) => {
+            c.batch_execute("COMMIT").await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = c.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+/// The ids `sql` (one text[]) returns, in a transaction of its own, committed.
+async fn batch_tx(c: &Conn, sql: &str) -> Result<Vec<String>> {
+    c.batch_execute("BEGIN").await?;
+    match one::<Vec<String>>(c, sql).await {
+        Ok(v) => {
+            c.batch_execute("COMMIT").await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = c.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+/// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets now (rolled back).
+async fn claimable(c: &Conn, prefix: &str, n: i64) -> Result<i64> {
+    c.batch_execute("BEGIN").await?;
+    let r = one::<i64>(
+        c,
+        &format!(
+            "SELECT count(*) FROM generate_series(1, {n}) g WHERE dedup.try_claim('{prefix}' || g)"
+        ),
+    )
+    .await;
+    c.batch_execute("ROLLBACK").await?;
+    r
+}
+
+async fn use_generations(c: &Conn) -> Result<String> {
+    let said: String = one(c, "SELECT dedup.use_generations()").await?;
+    println!("  dedup.use_generations(): {said}");
+    Ok(said)
+}
+
+/// The catalog as text, for messages: `n relname state; ...`.
+async fn catalog(c: &Conn) -> Result<String> {
+    Ok(c.query(
+        "SELECT n::text || ' ' || relname::text || ' ' || state FROM dedup.generations ORDER BY n",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get::<_, String>(0))
+    .collect::<Vec<_>>()
+    .join("; "))
+}
+
+/// The current generation: there must be exactly one.
+async fn current(c: &Conn) -> Result<i32> {
+    let rows = c
+        .query(
+            "SELECT n FROM dedup.generations WHERE state = 'current'",
+            &[],
+        )
+        .await?;
+    if rows.len() != 1 {
+        bail!(
+            "{} current generations, not one: {}",
+            rows.len(),
+            catalog(c).await?
+        );
+    }
+    Ok(rows[0].get(0))
+}
+
+/// Generation `n`'s state (None: no catalog row).
+async fn state(c: &Conn, n: i32) -> Result<Option<String>> {
+    Ok(
+        c.query_opt("SELECT state FROM dedup.generations WHERE n = $1", &[&n])
+            .await?
+            .map(|r| r.get(0)),
+    )
+}
+
+/// One rotation step, and what it said.
+async fn rotate(c: &Conn) -> Result<String> {
+    one(c, "SELECT dedup.rotate_generations()").await
+}
+
+/// Publish the next generation now; the new current generation, newer than the old.
+async fn publish(c: &Conn) -> Result<i32> {
+    let before = current(c).await?;
+    let said: String = one(c, "SELECT dedup.rotate_generations(publish => true)").await?;
+    let after = current(c).await?;
+    if after <= before {
+        bail!("rotate_generations(publish => true) said {said:?}, but generation {after} is current (it was {before})");
+    }
+    Ok(after)
+}
+
+/// Rotation steps until no generation is sealing (no transaction is open: each seal is due).
+async fn settle(c: &Conn) -> Result<()> {
+    let mut said = Vec::new();
+    for _ in 0..20 {
+        let sealing: i64 = one(
+            c,
+            "SELECT count(*) FROM dedup.generations WHERE state = 'sealing'",
+        )
+        .await?;
+        if sealing == 0 {
+            return Ok(());
+        }
+        said.push(rotate(c).await?);
+    }
+    bail!(
+        "a generation is still sealing after 20 rotation steps with no transaction open: {}; the steps said {said:?}",
+        catalog(c).await?
+    )
+}
+
+/// Rotation steps, 100 ms apart, until generation `n` is in state `want`; what they said.
+async fn rotate_until(c: &Conn, n: i32, want: &str, secs: u64) -> Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut said = Vec::new();
+    loop {
+        if state(c, n).await?.as_deref() == Some(want) {
+            return Ok(said);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "generation {n} is not {want} after {secs} s of rotation steps: {}; they said {said:?}",
+                catalog(c).await?
+            );
+        }
+        said.push(rotate(c).await?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether a rotation step's answer says it waits (for a transaction, a lock).
+fn says_wait(said: &str) -> bool {
+    said.to_lowercase().contains("wait")
+}
+
+/// The generations whose table holds (`scope`, `job_id`), read directly as a superuser.
+async fn held_in(c: &Conn, job_id: &str, scope: &str) -> Result<Vec<i32>> {
+    let generations = c
+        .query(
+            "SELECT n, relname::text FROM dedup.generations \
+              WHERE to_regclass('dedup.' || quote_ident(relname::text)) IS NOT NULL ORDER BY n",
+            &[],
+        )
+        .await?;
+    let mut held = Vec::new();
+    for g in generations {
+        let (n, rel): (i32, String) = (g.get(0), g.get(1));
+        let sql =
+            format!("SELECT EXISTS (SELECT FROM dedup.{rel} WHERE job_id = $1 AND scope = $2)");
+        let there: bool = c.query_one(sql.as_str(), &[&job_id, &scope]).await?.get(0);
+        if there {
+            held.push(n);
+        }
+    }
+    Ok(held)
+}
+
+/// Keys that `dedup.claims()` returns more than once: each would be in two generations.
+async fn in_two_generations(c: &Conn) -> Result<Vec<String>> {
+    Ok(c.query(
+        "SELECT scope || '/' || job_id || ' x' || count(*) FROM dedup.claims() \
+          GROUP BY scope, job_id HAVING count(*) > 1 ORDER BY 1 LIMIT 20",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// A retention of 2 s for database `gen`, in the sessions opened after this: generations
+/// 1 s wide, each expired 2 s after its seal.
+async fn short_retention(dsn: &str) -> Result<()> {
+    let c = connect(dsn).await?;
+    c.batch_execute(&format!("ALTER DATABASE {DB} SET dedup.retention = '2s'"))
+        .await?;
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Claims on a session of its own until `stop`, each in a transaction of its own: a new job
+/// each time, and with `copies` also a copy of one of the jobs `{copies}1` to `{copies}100`
+/// committed before (false). How long each claim took, its COMMIT included.
+async fn timed_claims(
+    dsn: String,
+    who: usize,
+    copies: Option<&'static str>,
+    stop: Arc<AtomicBool>,
+) -> Result<Vec<Duration>> {
+    let c = claimer(&dsn).await?;
+    let mut took = Vec::new();
+    let mut k = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let mut calls = vec![(format!("SELECT dedup.try_claim('new-{who}-{k}')"), true)];
+        if let Some(prefix) = copies {
+            calls.push((
+                format!("SELECT dedup.try_claim('{prefix}{}')", k % 100 + 1),
+                false,
+            ));
+        }
+        for (sql, want) in calls {
+            let started = Instant::now();
+            let got = tokio::time::timeout(Duration::from_secs(10), claim_tx(&c, &sql))
+                .await
+                .with_context(|| format!("{sql}: no answer in 10 s"))??;
+            took.push(started.elapsed());
+            ensure_eq(got, want, &sql)?;
+        }
+        k += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(took)
+}
+
+async fn join_timed(
+    tasks: Vec<tokio::task::JoinHandle<Result<Vec<Duration>>>>,
+) -> Result<Vec<Duration>> {
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
+/// Every claim answered within `limit`. A claim queued behind a seal or a drop would wait
+/// until the open transaction ends, long after: this is no benchmark, and `limit` is
+/// generous; the times are printed.
+fn check_latencies(mut took: Vec<Duration>, limit: Duration, what: &str) -> Result<()> {
+    if took.is_empty() {
+        bail!("{what}: no claim ran");
+    }
+    took.sort();
+    let (median, longest) = (took[took.len() / 2], took[took.len() - 1]);
+    println!(
+        "  {what}: {} claims, median {:.1} ms, longest {:.1} ms",
+        took.len(),
+        ms(median),
+        ms(longest)
+    );
+    if longest > limit {
+        bail!(
+            "{what}: a claim took {:.0} ms (limit {:.0} ms)",
+            ms(longest),
+            ms(limit)
+        );
+    }
+    Ok(())
+}
+
+/// Without the library preloaded (the shared test server), `use_generations()` refuses
+/// (55000) and changes nothing. With it: a role that is not a superuser is refused the
+/// generation functions and tables (42501), even granted EXECUTE on `use_generations()`,
+/// which checks for a superuser itself; a second call is refused (55000). Such a role still
+/// claims, into the current generation, with no privilege on it.
+pub async fn use_generations_refuses_without_preload_for_others_and_twice(ctx: Ctx) -> Result<()> {
+    let c = ctx.connect().await?;
+    let (code, message) = error_of(&c, "SELECT dedup.use_generations()").await?;
+    ensure_eq(
+        code.as_str(),
+        "55000",
+        "use_generations() without preloading",
+    )?;
+    if !message.contains("shared_preload_libraries") {
+        bail!("the refusal without preloading does not name shared_preload_libraries: {message}");
+    }
+    ensure_eq(
+        one::<i64>(&c, "SELECT count(*) FROM dedup.generations").await?,
+        0,
+        "catalog rows after the refusal",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('after-refusal')").await?,
+        true,
+        "a claim after the refusal",
+    )?;
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM dedup.processed WHERE job_id = 'after-refusal'",
+        )
+        .await?,
+        1,
+        "the claim in dedup.processed",
+    )?;
+
+    let (_cluster, dsn) = server(preloaded("gen-refuse")).await?;
+    let a = admin(&dsn).await?;
+    a.batch_execute("CREATE ROLE plain LOGIN").await?;
+    let plain = claimer(&format!("{dsn} user=plain")).await?;
+    for sql in [
+        "SELECT dedup.use_generations()",
+        "SELECT dedup.rotate_generations()",
+        "SELECT dedup.rotate_generations(publish => true)",
+        "SELECT * FROM dedup.claims()",
+        "SELECT * FROM dedup.generations",
+    ] {
+        let (code, _) = error_of(&plain, sql).await?;
+        ensure_eq(code.as_str(), "42501", sql)?;
+    }
+    a.batch_execute("GRANT EXECUTE ON FUNCTION dedup.use_generations() TO plain")
+        .await?;
+    let (code, _) = error_of(&plain, "SELECT dedup.use_generations()").await?;
+    ensure_eq(
+        code.as_str(),
+        "42501",
+        "use_generations() by a role granted EXECUTE on it",
+    )?;
+    ensure_eq(
+        one::<i64>(&a, "SELECT count(*) FROM dedup.generations").await?,
+        0,
+        "catalog rows after the refusals",
+    )?;
+
+    let (code, _) = error_of(&a, "SELECT dedup.rotate_generations()").await?;
+    ensure_eq(
+        code.as_str(),
+        "55000",
+        "rotate_generations() in a database that does not use generations",
+    )?;
+
+    use_generations(&a).await?;
+    ensure_eq(current(&a).await?, 1, "the current generation")?;
+    let (code, message) = error_of(&a, "SELECT dedup.use_generations()").await?;
+    ensure_eq(code.as_str(), "55000", "use_generations() a second time")?;
+    if !message.contains("already") {
+        bail!("the second use_generations() does not say generations are on already: {message}");
+    }
+    ensure_eq(
+        current(&a).await?,
+        1,
+        "the current generation after the second call",
+    )?;
+
+    ensure_eq(
+        claim_tx(&plain, "SELECT dedup.try_claim('by-plain')").await?,
+        true,
+        "a claim by a role that is not a superuser",
+    )?;
+    ensure_eq(
+        claim_tx(&plain, "SELECT dedup.try_claim('by-plain')").await?,
+        false,
+        "its copy",
+    )?;
+    ensure_eq(
+        held_in(&a, "by-plain", "default").await?,
+        vec![1],
+        "where that claim went",
+    )?;
+    let (code, _) = error_of(&plain, "SELECT count(*) FROM dedup.processed_1").await?;
+    ensure_eq(code.as_str(), "42501", "that role reading a generation")?;
+    Ok(())
+}
+
+/// After `use_generations()`: `dedup.processed` is generation 0 and `dedup.processed_1`,
+/// its twin, is current; claims go there, from new sessions and from one that was running
+/// (and claiming) before the opt-in; claims made before are duplicates and stay in
+/// `dedup.processed`; `dedup.claims()` lists every generation's claims once.
+pub async fn claims_go_to_the_current_generation(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-current")).await?;
+    let a = admin(&dsn).await?;
+    let early = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&early, "SELECT dedup.try_claim('before')").await?,
+        true,
+        "a claim before use_generations()",
+    )?;
+    use_generations(&a).await?;
+    ensure_eq(current(&a).await?, 1, "the current generation")?;
+    let rows: Vec<(i32, String, bool)> = a
+        .query(
+            "SELECT n, relname::text, \
+                    coalesce(relid = to_regclass('dedup.' || quote_ident(relname::text))::oid, false) \
+               FROM dedup.generations ORDER BY n",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    ensure_eq(
+        rows.first().cloned(),
+        Some((0, "processed".to_string(), true)),
+        "the catalog row of dedup.processed (name, relid)",
+    )?;
+    ensure_eq(
+        rows.iter().find(|r| r.0 == 1).cloned(),
+        Some((1, "processed_1".to_string(), true)),
+        "the catalog row of generation 1 (name, relid)",
+    )?;
+
+    // The twin of dedup.processed: the same columns, a primary key of its own, the same
+    // owner, nothing for PUBLIC.
+    let columns = |rel: &str| {
+        format!(
+            "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || ' ' \
+                               || attcollation::regcollation::text || ' ' || attnotnull::text, ', ' \
+                               ORDER BY attnum) \
+               FROM pg_attribute WHERE attrelid = '{rel}'::regclass AND attnum > 0 AND NOT attisdropped"
+        )
+    };
+    ensure_eq(
+        one::<String>(&a, &columns("dedup.processed_1")).await?,
+        one::<String>(&a, &columns("dedup.processed")).await?,
+        "the columns of dedup.processed_1 against dedup.processed's",
+    )?;
+    ensure_eq(
+        one::<String>(
+            &a,
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+              WHERE conrelid = 'dedup.processed_1'::regclass AND conname = 'processed_1_pkey' AND contype = 'p'",
+        )
+        .await?,
+        "PRIMARY KEY (job_id, scope)".to_string(),
+        "the primary key of dedup.processed_1",
+    )?;
+    ensure_eq(
+        one::<bool>(
+            &a,
+            "SELECT (SELECT relowner FROM pg_class WHERE oid = 'dedup.processed_1'::regclass) \
+                  = (SELECT relowner FROM pg_class WHERE oid = 'dedup.processed'::regclass)",
+        )
+        .await?,
+        true,
+        "dedup.processed_1 has dedup.processed's owner",
+    )?;
+    ensure_eq(
+        one::<i64>(
+            &a,
+            "SELECT count(*) FROM pg_class AS c, aclexplode(c.relacl) AS x \
+              WHERE c.oid = 'dedup.processed_1'::regclass AND x.grantee = 0",
+        )
+        .await?,
+        0,
+        "privileges of PUBLIC on dedup.processed_1",
+    )?;
+
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a')").await?,
+        true,
+        "try_claim('a')",
+    )?;
+    ensure_eq(
+        held_in(&a, "a", "default").await?,
+        vec![1],
+        "where 'a' went",
+    )?;
+    ensure_eq(
+        claim_tx(&early, "SELECT dedup.try_claim('a2')").await?,
+        true,
+        "a claim by a session that claimed before the opt-in",
+    )?;
+    ensure_eq(
+        held_in(&a, "a2", "default").await?,
+        vec![1],
+        "where that session's claim went",
+    )?;
+    ensure_eq(
+        claim_tx(&early, "SELECT dedup.try_claim('before')").await?,
+        false,
+        "a copy of a claim made before the opt-in",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a')").await?,
+        false,
+        "a copy of 'a'",
+    )?;
+    ensure_eq(
+        held_in(&a, "before", "default").await?,
+        vec![0],
+        "where the claim made before the opt-in is",
+    )?;
+    let listed: Vec<String> = a
+        .query("SELECT job_id FROM dedup.claims() ORDER BY job_id", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ensure_eq(
+        listed,
+        vec!["a".to_string(), "a2".into(), "before".into()],
+        "dedup.claims()",
+    )
+}
+
+/// The first claims, made in one generation; the same calls later are their copies.
+const FIRST_CLAIMS: &[(&str, &str)] = &[
+    ("a text id", "SELECT dedup.try_claim('t-1')"),
+    ("a bigint id", "SELECT dedup.try_claim(42::bigint)"),
+    (
+        "a uuid id",
+        "SELECT dedup.try_claim('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
+    ),
+    (
+        "a fingerprinted id",
+        "SELECT dedup.try_claim('fp-1', 'default', 'payload-A')",
+    ),
+    (
+        "a batch",
+        "SELECT count(*) = 2 FROM dedup.try_claim_many(ARRAY['m-1', 'm-2'])",
+    ),
+    (
+        "a bigint batch",
+        "SELECT count(*) = 2 FROM dedup.try_claim_many(ARRAY[7, 8]::bigint[])",
+    ),
+    (
+        "a batch with fingerprints",
+        "SELECT count(*) = 1 FROM dedup.try_claim_many(ARRAY['mf-1'], 'default', ARRAY['payload-M'])",
+    ),
+    (
+        "an id in another scope",
+        "SELECT dedup.try_claim('t-1', 'elsewhere')",
+    ),
+];
+
+/// The keys (scope, job_id) FIRST_CLAIMS makes.
+const FIRST_KEYS: &[(&str, &str)] = &[
+    ("default", "t-1"),
+    ("default", "42"),
+    ("default", "6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d"),
+    ("default", "fp-1"),
+    ("default", "m-1"),
+    ("default", "m-2"),
+    ("default", "7"),
+    ("default", "8"),
+    ("default", "mf-1"),
+    ("elsewhere", "t-1"),
+];
+
+/// The claims made after the first publication, in the second generation.
+const SECOND_CLAIMS: &[(&str, &str)] = &[
+    ("a new text id", "SELECT dedup.try_claim('t-2')"),
+    ("a new bigint id", "SELECT dedup.try_claim(43::bigint)"),
+];
+
+/// Copies of claims made before a publication are duplicates after it, for every kind of
+/// id, batch and fingerprint (a mismatch raises YD001 as with one table); new ids, alone
+/// or in a batch with copies, are claimed in the new generation; after a second
+/// publication the first two generations' claims are all still duplicates.
+pub async fn a_claim_before_a_rotation_is_a_duplicate_after_it(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-duplicates")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let first = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    c.batch_execute("BEGIN").await?;
+    for (what, sql) in FIRST_CLAIMS {
+        ensure_eq(claim(&c, sql).await?, true, what)?;
+    }
+    c.batch_execute("COMMIT").await?;
+    for (scope, job) in FIRST_KEYS {
+        ensure_eq(
+            held_in(&a, job, scope).await?,
+            vec![first],
+            &format!("where {scope}/{job} went"),
+        )?;
+    }
+
+    let second = publish(&a).await?;
+    for (what, sql) in FIRST_CLAIMS {
+        ensure_eq(
+            claim_tx(&c, sql).await?,
+            false,
+            &format!("a copy of {what} after a publication"),
+        )?;
+    }
+    // All of them in one transaction too.
+    c.batch_execute("BEGIN").await?;
+    for (what, sql) in FIRST_CLAIMS {
+        ensure_eq(
+            claim(&c, sql).await?,
+            false,
+            &format!("{what}, in one transaction"),
+        )?;
+    }
+    c.batch_execute("COMMIT").await?;
+
+    // New ids, alone and among copies, are claimed, in the new generation.
+    for (what, sql) in SECOND_CLAIMS {
+        ensure_eq(claim_tx(&c, sql).await?, true, what)?;
+    }
+    ensure_eq(
+        batch_tx(
+            &c,
+            "SELECT coalesce(array_agg(j ORDER BY j), '{}') \
+               FROM dedup.try_claim_many(ARRAY['m-1', 'm-3', 'm-2', 'm-4']) AS j",
+        )
+        .await?,
+        vec!["m-3".to_string(), "m-4".into()],
+        "a batch of copies and new ids",
+    )?;
+    ensure_eq(
+        batch_tx(
+            &c,
+            "SELECT coalesce(array_agg(j::text ORDER BY j), '{}') \
+               FROM dedup.try_claim_many(ARRAY[7, 9, 8]::bigint[]) AS j",
+        )
+        .await?,
+        vec!["9".to_string()],
+        "a bigint batch of copies and a new id",
+    )?;
+
+    // Fingerprints: another payload raises YD001 across generations, the same one (or
+    // none) is a duplicate.
+    for sql in [
+        "SELECT dedup.try_claim('fp-1', 'default', 'payload-B')",
+        "SELECT dedup.try_claim_many(ARRAY['fp-1', 'm-5'], 'default', ARRAY['payload-B', NULL])",
+        "SELECT dedup.try_claim_many(ARRAY['mf-1'], 'default', ARRAY['payload-other'])",
+    ] {
+        c.batch_execute("BEGIN").await?;
+        let (code, _) = error_of(&c, sql).await?;
+        c.batch_execute("ROLLBACK").await?;
+        ensure_eq(code.as_str(), "YD001", sql)?;
+    }
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('fp-1', 'default', 'payload-A')").await?,
+        false,
+        "the same payload",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('fp-1')").await?,
+        false,
+        "no fingerprint",
+    )?;
+    ensure_eq(
+        batch_tx(
+            &c,
+            "SELECT coalesce(array_agg(j ORDER BY j), '{}') FROM dedup.try_claim_many(\
+               ARRAY['fp-1', 'fp-2', 'm-5'], 'default', ARRAY['payload-A', 'payload-C', NULL]) AS j",
+        )
+        .await?,
+        vec!["fp-2".to_string(), "m-5".into()],
+        "a fingerprinted batch of a copy and new ids",
+    )?;
+    let second_keys = ["t-2", "43", "m-3", "m-4", "9", "fp-2", "m-5"];
+    for job in second_keys {
+        ensure_eq(
+            held_in(&a, job, "default").await?,
+            vec![second],
+            &format!("where {job} went"),
+        )?;
+    }
+
+    // A second publication: both older generations are cross-checked.
+    settle(&a).await?;
+    let third = publish(&a).await?;
+    for (what, sql) in FIRST_CLAIMS.iter().chain(SECOND_CLAIMS) {
+        ensure_eq(
+            claim_tx(&c, sql).await?,
+            false,
+            &format!("a copy of {what} after two publications"),
+        )?;
+    }
+    ensure_eq(
+        batch_tx(
+            &c,
+            "SELECT coalesce(array_agg(j ORDER BY j), '{}') \
+               FROM dedup.try_claim_many(ARRAY['m-1', 'm-3', 'm-6', 'fp-2']) AS j",
+        )
+        .await?,
+        vec!["m-6".to_string()],
+        "a batch of copies from two generations and a new id",
+    )?;
+    ensure_eq(
+        held_in(&a, "m-6", "default").await?,
+        vec![third],
+        "where m-6 went",
+    )?;
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
+    )
+}
+
+#[derive(Clone, Copy, Debug)]
+enum End {
+    Commit,
+    Rollback,
+    RollbackToSavepoint,
+}
+
+/// Session A claims `key` in the current generation and stays open; the next generation is
+/// published; B (at REPEATABLE READ, with its snapshot taken before the publication, if
+/// `repeatable_read`) claims a copy, into the new generation, and must wait for A; A ends
+/// with `end`. B's answer or SQLSTATE, then the old and the new generation.
+async fn copy_in_flight(
+    dsn: &str,
+    admin: &Conn,
+    key: &str,
+    end: End,
+    repeatable_read: bool,
+) -> Result<(Result<bool, String>, i32, i32)> {
+    settle(admin).await?;
+    let old = current(admin).await?;
+    let a = claimer(dsn).await?;
+    let b = claimer(dsn).await?;
+    a.batch_execute(match end {
+        End::RollbackToSavepoint => "BEGIN; SAVEPOINT s",
+        _ => "BEGIN",
+    })
+    .await?;
+    let sql = format!("SELECT dedup.try_claim('{key}')");
+    ensure_eq(claim(&a, &sql).await?, true, "A's claim")?;
+    b.batch_execute(if repeatable_read {
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class"
+    } else {
+        "BEGIN"
+    })
+    .await?;
+    // The publication does not wait for A.
+    let new = publish(admin).await?;
+    ensure_eq(
+        state(admin, old).await?.as_deref(),
+        Some("sealing"),
+        "the old generation while A's claim in it is open",
+    )?;
+    let b_pid = b.pid;
+    let b_claim = tokio::spawn(async move {
+        let r = b
+            .query_one(sql.as_str(), &[])
+            .await
+            .map(|row| row.get::<_, bool>(0));
+        (b, r)
+    });
+    wait_until_blocked(admin, b_pid).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if b_claim.is_finished() {
+        bail!("B's copy of {key} returned while A's claim was in flight");
+    }
+    let by_a: bool = admin
+        .query_one(
+            "SELECT $1::int4 = ANY (pg_blocking_pids($2::int4))",
+            &[&a.pid, &b_pid],
+        )
+        .await?
+        .get(0);
+    ensure_eq(by_a, true, "B's copy waits for A")?;
+    a.batch_execute(match end {
+        End::Commit => "COMMIT",
+        End::Rollback => "ROLLBACK",
+        End::RollbackToSavepoint => "ROLLBACK TO SAVEPOINT s",
+    })
+    .await?;
+    let (b, got) = tokio::time::timeout(Duration::from_secs(30), b_claim)
+        .await
+        .with_context(|| format!("B's copy of {key} still waiting 30 s after A ended"))??;
+    let got = match got {
+        Ok(v) => {
+            b.batch_execute("COMMIT").await?;
+            Ok(v)
+        }
+        Err(e) => {
+            let code = sqlstate(&e).unwrap_or("none").to_string();
+            b.batch_execute("ROLLBACK").await?;
+            Err(code)
+        }
+    };
+    if let End::RollbackToSavepoint = end {
+        // A's transaction is still open: its retry finds B's committed claim.
+        ensure_eq(
+            claim(&a, &format!("SELECT dedup.try_claim('{key}')")).await?,
+            false,
+            "A's retry after B committed",
+        )?;
+        a.batch_execute("COMMIT").await?;
+    }
+    Ok((got, old, new))
+}
+
+/// A copy in flight in the old generation while the new one is current: B's copy waits for
+/// A's transaction, then is a duplicate if A committed and a claim (in the new generation)
+/// if A rolled back, or rolled back to a savepoint while still open. At REPEATABLE READ,
+/// A's commit after B's snapshot is a serialization failure (40001); B's retry gets false.
+pub async fn a_copy_in_flight_in_the_old_generation_is_waited_for(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-in-flight")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+
+    let (got, old, _) = copy_in_flight(&dsn, &a, "f-commit", End::Commit, false).await?;
+    ensure_eq(got, Ok(false), "B after A committed")?;
+    ensure_eq(
+        held_in(&a, "f-commit", "default").await?,
+        vec![old],
+        "where f-commit is",
+    )?;
+
+    let (got, _, new) = copy_in_flight(&dsn, &a, "f-rollback", End::Rollback, false).await?;
+    ensure_eq(got, Ok(true), "B after A rolled back")?;
+    ensure_eq(
+        held_in(&a, "f-rollback", "default").await?,
+        vec![new],
+        "where f-rollback is",
+    )?;
+
+    let (got, _, new) =
+        copy_in_flight(&dsn, &a, "f-savepoint", End::RollbackToSavepoint, false).await?;
+    ensure_eq(got, Ok(true), "B after A rolled back to its savepoint")?;
+    ensure_eq(
+        held_in(&a, "f-savepoint", "default").await?,
+        vec![new],
+        "where f-savepoint is",
+    )?;
+
+    let (got, old, _) = copy_in_flight(&dsn, &a, "f-rr", End::Commit, true).await?;
+    ensure_eq(
+        got,
+        Err("40001".to_string()),
+        "B at REPEATABLE READ after A committed",
+    )?;
+    let retry = claimer(&dsn).await?;
+    retry
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await?;
+    ensure_eq(
+        claim(&retry, "SELECT dedup.try_claim('f-rr')").await?,
+        false,
+        "B's retry with a new snapshot",
+    )?;
+    retry.batch_execute("COMMIT").await?;
+    ensure_eq(
+        held_in(&a, "f-rr", "default").await?,
+        vec![old],
+        "where f-rr is",
+    )?;
+
+    let (got, _, new) = copy_in_flight(&dsn, &a, "f-rr-rollback", End::Rollback, true).await?;
+    ensure_eq(got, Ok(true), "B at REPEATABLE READ after A rolled back")?;
+    ensure_eq(
+        held_in(&a, "f-rr-rollback", "default").await?,
+        vec![new],
+        "where f-rr-rollback is",
+    )?;
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
+    )
+}
+
+/// After a publication, the old generation stays `sealing` while a transaction that
+/// claimed in it is open, and each rotation step says it waits; meanwhile claims of new
+/// jobs and copies of the old generation's claims from other sessions are answered at once
+/// (none waits behind the seal). Once that transaction commits, the next steps seal it.
+pub async fn the_seal_waits_for_an_open_claimer_and_blocks_no_claim(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-seal")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(
+            &c,
+            "SELECT count(*) = 100 FROM generate_series(1, 100) g WHERE dedup.try_claim('s-' || g)",
+        )
+        .await?,
+        true,
+        "100 claims in the first generation",
+    )?;
+    let holder = claimer(&dsn).await?;
+    holder.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&holder, "SELECT dedup.try_claim('x')").await?,
+        true,
+        "the open transaction's claim",
+    )?;
+    let old = current(&a).await?;
+    publish(&a).await?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..4)
+        .map(|who| tokio::spawn(timed_claims(dsn.clone(), who, Some("s-"), stop.clone())))
+        .collect();
+    let mut said = Vec::new();
+    for _ in 0..6 {
+        said.push(rotate(&a).await?);
+        ensure_eq(
+            state(&a, old).await?.as_deref(),
+            Some("sealing"),
+            "the old generation while a transaction that claimed in it is open",
+        )?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let took = join_timed(tasks).await?;
+    println!(
+        "  rotate_generations() with a claimer open (pid {}): {said:?}",
+        holder.pid
+    );
+    let pid = holder.pid.to_string();
+    if !said.iter().any(|s| says_wait(s) && s.contains(&pid)) {
+        bail!("no rotation step said it waits for the open claimer, pid {pid}: {said:?}");
+    }
+    check_latencies(took, Duration::from_secs(2), "claims while the seal waited")?;
+
+    holder.batch_execute("COMMIT").await?;
+    let after = rotate_until(&a, old, "sealed", 10).await?;
+    println!("  ... after it committed: {after:?}");
+    ensure_eq(
+        one::<bool>(
+            &a,
+            &format!("SELECT sealed_at IS NOT NULL FROM dedup.generations WHERE n = {old}"),
+        )
+        .await?,
+        true,
+        "sealed_at of the sealed generation",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('x')").await?,
+        false,
+        "a copy of the open transaction's job",
+    )?;
+    ensure_eq(
+        held_in(&a, "x", "default").await?,
+        vec![old],
+        "where that job is",
+    )
+}
+
+/// A prepared transaction that claimed in the old generation holds back its seal as an
+/// open one does (it is listed too), and claims go on meanwhile; `COMMIT PREPARED` lets it
+/// seal.
+pub async fn a_prepared_transaction_holds_back_the_seal(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-prepared")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let p = claimer(&dsn).await?;
+    p.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&p, "SELECT dedup.try_claim('p-1')").await?,
+        true,
+        "the claim of the transaction to prepare",
+    )?;
+    p.batch_execute("PREPARE TRANSACTION 'gen_holds_the_seal'")
+        .await
+        .context("PREPARE TRANSACTION of a transaction that claimed")?;
+    let old = current(&a).await?;
+    let new = publish(&a).await?;
+    let mut said = Vec::new();
+    for _ in 0..4 {
+        said.push(rotate(&a).await?);
+        ensure_eq(
+            state(&a, old).await?.as_deref(),
+            Some("sealing"),
+            "the old generation while a prepared transaction that claimed in it is there",
+        )?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("  rotate_generations() with a prepared transaction: {said:?}");
+    if !said
+        .iter()
+        .any(|s| says_wait(s) && s.contains("gen_holds_the_seal"))
+    {
+        bail!("no rotation step said it waits for the prepared transaction gen_holds_the_seal: {said:?}");
+    }
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('p-2')").await?,
+        true,
+        "a claim meanwhile",
+    )?;
+    ensure_eq(
+        held_in(&a, "p-2", "default").await?,
+        vec![new],
+        "where it went",
+    )?;
+    a.batch_execute("COMMIT PREPARED 'gen_holds_the_seal'")
+        .await?;
+    rotate_until(&a, old, "sealed", 10).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('p-1')").await?,
+        false,
+        "a copy of the prepared transaction's job",
+    )?;
+    ensure_eq(
+        held_in(&a, "p-1", "default").await?,
+        vec![old],
+        "where that job is",
+    )
+}
+
+/// A reader of generation 1 (`ACCESS SHARE`), open from before its seal until after its
+/// retention: it holds back neither the seal nor any claim. Retired, the generation is not
+/// dropped while the reader is there, and no lock request on it ever waits in the queue (a
+/// second reader gets in at once); claims are answered at once throughout, and a copy of
+/// its claim, past its retention, runs again. Once the reader ends, a step drops it and
+/// deletes its catalog row.
+pub async fn the_drop_never_queues(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-drop")).await?;
+    short_retention(&dsn).await?;
+    let a = admin(&dsn).await?;
+    ensure_eq(
+        one::<String>(&a, "SHOW dedup.retention").await?,
+        "2s".to_string(),
+        "the database's retention",
+    )?;
+    use_generations(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('d-1')").await?,
+        true,
+        "a claim in generation 1",
+    )?;
+    ensure_eq(
+        held_in(&a, "d-1", "default").await?,
+        vec![1],
+        "where it went",
+    )?;
+    let oid: u32 = one(&a, "SELECT 'dedup.processed_1'::regclass::oid").await?;
+    settle(&a).await?;
+    publish(&a).await?;
+
+    let reader = admin(&dsn).await?;
+    reader.batch_execute("BEGIN").await?;
+    ensure_eq(
+        one::<i64>(&reader, "SELECT count(*) FROM dedup.processed_1").await?,
+        1,
+        "the reader's count",
+    )?;
+    rotate_until(&a, 1, "sealed", 10)
+        .await
+        .context("a reader must not hold back the seal")?;
+    // Past its retention, 2 s from the seal.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..4)
+        .map(|who| tokio::spawn(timed_claims(dsn.clone(), who, None, stop.clone())))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut after_retired = Vec::new();
+    loop {
+        let said = rotate(&a).await?;
+        let queued: i64 = a
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE relation = $1 AND NOT granted",
+                &[&oid],
+            )
+            .await?
+            .get(0);
+        if queued != 0 {
+            bail!("a lock request on generation 1 waits in the queue behind its reader (the step said {said:?})");
+        }
+        if one::<bool>(&a, "SELECT to_regclass('dedup.processed_1') IS NULL").await? {
+            bail!("generation 1 was dropped while a reader held it (the step said {said:?})");
+        }
+        if state(&a, 1).await?.as_deref() == Some("retired") {
+            after_retired.push(said);
+        }
+        let reader_pid = reader.pid.to_string();
+        if after_retired
+            .iter()
+            .any(|s| says_wait(s) && s.contains("drop") && s.contains(&reader_pid))
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "after 20 s of steps generation 1 is not retired with its drop waiting for its reader (pid {}): {}; since retired they said {after_retired:?}",
+                reader.pid,
+                catalog(&a).await?
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "  rotate_generations() once generation 1 was retired, its reader open: {after_retired:?}"
+    );
+    let second = admin(&dsn).await?;
+    second.batch_execute("SET statement_timeout = '2s'").await?;
+    ensure_eq(
+        one::<i64>(&second, "SELECT count(*) FROM dedup.processed_1").await?,
+        1,
+        "a second reader of the retired generation, at once",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('d-1')").await?,
+        true,
+        "a copy past its retention, its generation retired",
+    )?;
+    stop.store(true, Ordering::SeqCst);
+    check_latencies(
+        join_timed(tasks).await?,
+        Duration::from_secs(2),
+        "claims while the drop waited",
+    )?;
+
+    reader.batch_execute("COMMIT").await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut said = Vec::new();
+    loop {
+        if one::<bool>(
+            &a,
+            "SELECT to_regclass('dedup.processed_1') IS NULL \
+                AND NOT EXISTS (SELECT FROM dedup.generations WHERE n = 1)",
+        )
+        .await?
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "generation 1 not dropped 10 s after its reader ended: {}; the steps said {said:?}",
+                catalog(&a).await?
+            );
+        }
+        said.push(rotate(&a).await?);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// `dedup.processed` once retired (`when`): the same table (`oid`), its catalog row
+/// `retired`, empty, and still a member of the extension.
+async fn processed_retired(a: &Conn, oid: u32, when: &str) -> Result<()> {
+    ensure_eq(
+        one::<Option<u32>>(a, "SELECT to_regclass('dedup.processed')::oid").await?,
+        Some(oid),
+        &format!("dedup.processed {when}: the same table"),
+    )?;
+    ensure_eq(
+        one::<bool>(
+            a,
+            "SELECT relname = 'processed' AND state = 'retired' AND retired_at IS NOT NULL \
+               FROM dedup.generations WHERE n = 0",
+        )
+        .await?,
+        true,
+        &format!("the catalog row of dedup.processed {when}"),
+    )?;
+    ensure_eq(
+        one::<i64>(a, "SELECT count(*) FROM dedup.processed").await?,
+        0,
+        &format!("claims in dedup.processed {when}"),
+    )?;
+    ensure_eq(
+        one::<bool>(
+            a,
+            "SELECT EXISTS (SELECT FROM pg_depend \
+               WHERE classid = 'pg_class'::regclass AND objid = 'dedup.processed'::regclass \
+                 AND refclassid = 'pg_extension'::regclass AND deptype = 'e' \
+                 AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'dedup'))",
+        )
+        .await?,
+        true,
+        &format!("dedup.processed a member of the extension {when}"),
+    )
+}
+
+/// `dedup.processed`, generation 0, is cross-checked until its retention has passed, then
+/// retired and truncated, not dropped: the same table, still the extension's, empty and
+/// `retired` for good while the other generations rotate. A copy of a claim it held runs
+/// again then, into a newer generation.
+pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-truncate")).await?;
+    short_retention(&dsn).await?;
+    let a = admin(&dsn).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('p-old')").await?,
+        true,
+        "a claim in dedup.processed",
+    )?;
+    let oid: u32 = one(&a, "SELECT 'dedup.processed'::regclass::oid").await?;
+    use_generations(&a).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('p-old')").await?,
+        false,
+        "a copy while the first generation is live",
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut said = Vec::new();
+    loop {
+        let done: bool = one(
+            &a,
+            "SELECT coalesce((SELECT state = 'retired' FROM dedup.generations WHERE n = 0), false) \
+                AND NOT EXISTS (SELECT FROM dedup.processed)",
+        )
+        .await?;
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "dedup.processed not retired and empty after 20 s of steps with a retention of 2 s: {}; the last steps said {:?}",
+                catalog(&a).await?,
+                &said[said.len().saturating_sub(10)..]
+            );
+        }
+        said.push(rotate(&a).await?);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    processed_retired(&a, oid, "once retired").await?;
+    for _ in 0..10 {
+        rotate(&a).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    processed_retired(&a, oid, "3 s of rotations later").await?;
+    for job in ["p-new", "p-old"] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
+            true,
+            &format!("try_claim('{job}') with dedup.processed retired"),
+        )?;
+        let held = held_in(&a, job, "default").await?;
+        if held.len() != 1 || held[0] == 0 {
+            bail!("{job} is in generations {held:?}: {}", catalog(&a).await?);
+        }
+    }
+    ensure_eq(
+        one::<i64>(
+            &a,
+            "SELECT count(*) FROM dedup.claims() WHERE job_id = 'p-old'",
+        )
+        .await?,
+        1,
+        "p-old in dedup.claims()",
+    )
+}
+
+/// In a database that uses generations, the lease, result and forget functions refuse with
+/// 0A000 and say why (slice 1); `try_claim` works; in another database of the same server,
+/// without generations, they work as before.
+pub async fn leases_results_and_forget_refuse_with_generations(_ctx: Ctx) -> Result<()> {
+    let (cluster, dsn) = server(preloaded("gen-leases")).await?;
+    cluster.create_db_with_extension("without")?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let c = claimer(&dsn).await?;
+    for sql in [
+        "SELECT * FROM dedup.lease('l-1')",
+        "SELECT * FROM dedup.lease('l-1', 'default', '10 seconds', 'payload')",
+        "SELECT dedup.complete('l-1', gen_random_uuid())",
+        "SELECT dedup.extend_lease('l-1', gen_random_uuid())",
+        "SELECT dedup.release_lease('l-1', gen_random_uuid())",
+        "SELECT dedup.try_claim('r-1'); SELECT dedup.set_result('r-1', '{\"ok\": true}')",
+        "SELECT * FROM dedup.claim_result('l-1')",
+        "SELECT dedup.forget('l-1')",
+        "SELECT dedup.forget(42::bigint)",
+        "SELECT dedup.forget('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
+    ] {
+        c.batch_execute("BEGIN").await?;
+        let (code, message) = error_of(&c, sql).await?;
+        c.batch_execute("ROLLBACK").await?;
+        ensure_eq(code.as_str(), "0A000", sql)?;
+        if !message.contains("generations") {
+            bail!("{sql}: the refusal does not say why: {message}");
+        }
+    }
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('r-1')").await?,
+        true,
+        "try_claim where the others refuse",
+    )?;
+    let w = connect(&cluster.dsn("without")).await?;
+    ensure_eq(
+        one::<String>(&w, "SELECT status FROM dedup.lease('l-1')").await?,
+        "acquired".to_string(),
+        "a lease in a database without generations",
+    )?;
+    ensure_eq(
+        one::<i64>(&w, "SELECT count(*) FROM dedup.claim_result('l-1')").await?,
+        0,
+        "claim_result of a leased job there",
+    )
+}
+
+/// Claims work, promptly (a claimer's statement_timeout is 5 s: a claim polling an epoch
+/// left odd fails), on `c`, which claimed before, and on a new session; both of `key`'s jobs
+/// land in generation `want`.
+async fn claims_work(dsn: &str, c: &Conn, a: &Conn, key: &str, want: i32) -> Result<()> {
+    let fresh = claimer(dsn).await?;
+    for (who, conn, job) in [
+        ("a session that claimed before", c, format!("{key}-old")),
+        ("a new session", &fresh, format!("{key}-new")),
+    ] {
+        ensure_eq(
+            claim_tx(conn, &format!("SELECT dedup.try_claim('{job}')")).await?,
+            true,
+            &format!("{key}: a claim on {who}"),
+        )?;
+        ensure_eq(
+            held_in(a, &job, "default").await?,
+            vec![want],
+            &format!("where {job} went"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A publication that does not commit leaves the epoch even and the catalog as it was:
+/// rolled back (claims go on while it is open), failed at COMMIT after the pre-commit step
+/// (a SERIALIZABLE transaction doomed by a write skew: 40001 from the commit's last check,
+/// after the epoch was made odd), and refused at PREPARE TRANSACTION. Claims work promptly
+/// after each, on a session that had read the epoch before and on a new one, and a
+/// publication that commits works afterwards.
+pub async fn the_epoch_is_even_after_a_failed_publication(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-epoch")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let first = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    claims_work(&dsn, &c, &a, "e0", first).await?;
+
+    // Rolled back.
+    let p = admin(&dsn).await?;
+    p.batch_execute("BEGIN").await?;
+    let said: String = one(&p, "SELECT dedup.rotate_generations(publish => true)").await?;
+    println!("  a publication in a transaction block: {said}");
+    claims_work(&dsn, &c, &a, "e1", first).await?;
+    p.batch_execute("ROLLBACK").await?;
+    ensure_eq(
+        current(&a).await?,
+        first,
+        "the current generation after a publication rolled back",
+    )?;
+    claims_work(&dsn, &c, &a, "e2", first).await?;
+
+    // Failed at COMMIT, after XACT_EVENT_PRE_COMMIT: PreCommit_CheckForSerializationFailure
+    // comes later in CommitTransaction. p and other each read both rows and update one; other
+    // commits first, which dooms p.
+    a.batch_execute(
+        "CREATE TABLE on_call (id int PRIMARY KEY, on_duty bool NOT NULL); \
+         INSERT INTO on_call VALUES (1, true), (2, true)",
+    )
+    .await?;
+    let other = admin(&dsn).await?;
+    for s in [&other, &p] {
+        s.batch_execute(
+            "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT count(*) FROM on_call WHERE on_duty",
+        )
+        .await?;
+    }
+    other
+        .batch_execute("UPDATE on_call SET on_duty = false WHERE id = 1")
+        .await?;
+    p.batch_execute("UPDATE on_call SET on_duty = false WHERE id = 2")
+        .await?;
+    let said: String = one(&p, "SELECT dedup.rotate_generations(publish => true)").await?;
+    println!("  a publication in a doomed SERIALIZABLE transaction: {said}");
+    other.batch_execute("COMMIT").await?;
+    let code = expect_sqlstate(
+        p.batch_execute("COMMIT").await,
+        "the COMMIT of a publication in a SERIALIZABLE transaction doomed by a write skew (the test's setup)",
+    )?;
+    ensure_eq(
+        code.as_str(),
+        "40001",
+        "the failed COMMIT of the publication",
+    )?;
+    ensure_eq(
+        current(&a).await?,
+        first,
+        "the current generation after a publication whose COMMIT failed",
+    )?;
+    claims_work(&dsn, &c, &a, "e3", first).await?;
+
+    // Refused at PREPARE TRANSACTION.
+    p.batch_execute("BEGIN").await?;
+    let _: String = one(&p, "SELECT dedup.rotate_generations(publish => true)").await?;
+    match p
+        .batch_execute("PREPARE TRANSACTION 'gen_publication'")
+        .await
+    {
+        Ok(()) => {
+            a.batch_execute("ROLLBACK PREPARED 'gen_publication'")
+                .await?;
+            bail!("PREPARE TRANSACTION of a publication was accepted");
+        }
+        Err(e) => ensure_eq(
+            sqlstate(&e),
+            Some("0A000"),
+            "PREPARE TRANSACTION of a publication",
+        )?,
+    }
+    let _ = p.batch_execute("ROLLBACK").await;
+    ensure_eq(
+        one::<i64>(
+            &a,
+            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'gen_publication'",
+        )
+        .await?,
+        0,
+        "prepared publications",
+    )?;
+    ensure_eq(
+        current(&a).await?,
+        first,
+        "the current generation after a refused PREPARE TRANSACTION",
+    )?;
+    claims_work(&dsn, &c, &a, "e4", first).await?;
+
+    // A publication that commits: the lock that keeps two publications apart was released
+    // every time.
+    let next = publish(&a).await?;
+    claims_work(&dsn, &c, &a, "e5", next).await?;
+    for key in ["e0", "e1", "e2", "e3", "e4", "e5"] {
+        for end in ["old", "new"] {
+            ensure_eq(
+                claim_tx(&c, &format!("SELECT dedup.try_claim('{key}-{end}')")).await?,
+                false,
+                &format!("a copy of {key}-{end}"),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A backend killed with SIGKILL restarts the server: the epoch starts again and every
+/// list is reloaded. Every claim committed in either generation is still a duplicate,
+/// those of the transactions in flight (one in each generation) are gone and claimed again
+/// in the current generation, and the seal of the old generation, which was waiting for the
+/// killed transaction, completes (the wait list stored before the restart is dropped).
+pub async fn a_crash_restart_keeps_every_claim_across_generations(_ctx: Ctx) -> Result<()> {
+    let (cluster, dsn) = server(preloaded("gen-crash")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let first = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(
+            &c,
+            "SELECT count(*) = 50 FROM generate_series(1, 50) g WHERE dedup.try_claim('c1-' || g)",
+        )
+        .await?,
+        true,
+        "50 claims in the first generation",
+    )?;
+    let open1 = claimer(&dsn).await?;
+    open1.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&open1, "SELECT dedup.try_claim('c1-open')").await?,
+        true,
+        "a claim left open in the first generation",
+    )?;
+    let second = publish(&a).await?;
+    let said = rotate(&a).await?;
+    println!("  the seal with a claimer open: {said}");
+    ensure_eq(
+        state(&a, first).await?.as_deref(),
+        Some("sealing"),
+        "the first generation",
+    )?;
+    ensure_eq(
+        claim_tx(
+            &c,
+            "SELECT count(*) = 50 FROM generate_series(1, 50) g WHERE dedup.try_claim('c2-' || g)",
+        )
+        .await?,
+        true,
+        "50 claims in the second generation",
+    )?;
+    let open2 = claimer(&dsn).await?;
+    open2.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&open2, "SELECT dedup.try_claim('c2-open')").await?,
+        true,
+        "a claim left open in the second generation",
+    )?;
+
+    kill9(open1.pid)?;
+    drop((a, c, open1, open2));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let a = with_timeout(connect_when_up(&dsn).await?, "20s").await?;
+    let c = with_timeout(connect_when_up(&dsn).await?, "5s").await?;
+    ensure_eq(
+        current(&a).await?,
+        second,
+        "the current generation after the restart",
+    )?;
+    ensure_eq(
+        claimable(&c, "c1-", 50).await?,
+        0,
+        "copies of the first generation's claims after the restart",
+    )?;
+    ensure_eq(
+        claimable(&c, "c2-", 50).await?,
+        0,
+        "copies of the second generation's claims after the restart",
+    )?;
+    for job in ["c1-open", "c2-open"] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
+            true,
+            &format!("{job}, never committed"),
+        )?;
+        ensure_eq(
+            held_in(&a, job, "default").await?,
+            vec![second],
+            &format!("where {job} went after the restart"),
+        )?;
+    }
+    let after = rotate_until(&a, first, "sealed", 10).await?;
+    println!("  the seal after the restart: {after:?}");
+    ensure_eq(
+        one::<i64>(&a, "SELECT count(*) FROM dedup.claims()").await?,
+        102,
+        "claims after the restart",
+    )?;
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
+    )?;
+    let log = cluster.log_tail(300);
+    if !log.contains("terminated by signal 9") {
+        bail!("the server log does not show the crash:\n{log}");
+    }
+    Ok(())
+}
+
+/// The worker rotates by itself (retention 8 s, so generations 2 s wide; a pass a second):
+/// the claims made in the first second are duplicates for the 7 s checked, while it
+/// publishes and seals; a generation n >= 2 is current soon after; generation 1 is dropped
+/// and `dedup.processed` retired once past their retention; a handful of generations is
+/// live at a time; and the early claims, expired, run again.
+pub async fn worker_rotates_by_a_quarter_of_the_retention(_ctx: Ctx) -> Result<()> {
+    let opts = Options::named("gen-worker")
+        .set("shared_preload_libraries", "dedup")
+        .set("dedup.prune_interval", "1s")
+        .set("dedup.retention", "8s");
+    let (cluster, dsn) = server(opts).await?;
+    let a = admin(&dsn).await?;
+    let c = claimer(&dsn).await?;
+    use_generations(&a).await?;
+    ensure_eq(
+        claim_tx(
+            &c,
+            "SELECT count(*) = 20 FROM generate_series(1, 20) g WHERE dedup.try_claim('early-' || g)",
+        )
+        .await?,
+        true,
+        "20 claims in the first second",
+    )?;
+    let committed = Instant::now();
+    let mut checks = 0;
+    loop {
+        let at = committed.elapsed();
+        if at >= Duration::from_secs(7) {
+            break;
+        }
+        let ran = claimable(&c, "early-", 20).await?;
+        if ran != 0 {
+            bail!(
+                "{ran} of the 20 claims committed {:.1} s before ran again, within their retention of 8 s: {}",
+                at.as_secs_f64(),
+                catalog(&a).await?
+            );
+        }
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!(
+        "  the early claims were duplicates at {checks} checks over 7 s; generations then: {}",
+        catalog(&a).await?
+    );
+    let a_ref = &a;
+    eventually(10, "a generation the worker published", || async {
+        Ok(current(a_ref).await? >= 2)
+    })
+    .await?;
+    eventually(
+        30,
+        "the worker dropping generation 1 past its retention",
+        || async {
+            one::<bool>(
+                a_ref,
+                "SELECT to_regclass('dedup.processed_1') IS NULL \
+                    AND NOT EXISTS (SELECT FROM dedup.generations WHERE n = 1)",
+            )
+            .await
+        },
+    )
+    .await?;
+    eventually(10, "the worker retiring dedup.processed", || async {
+        Ok(state(a_ref, 0).await?.as_deref() == Some("retired"))
+    })
+    .await?;
+    println!(
+        "  generations after the worker's rotations: {}",
+        catalog(&a).await?
+    );
+    let live: i64 = one(
+        &a,
+        "SELECT count(*) FROM dedup.generations WHERE state <> 'retired'",
+    )
+    .await?;
+    if live > 8 {
+        bail!(
+            "{live} generations live with a retention of 8 s (2 s wide): {}",
+            catalog(&a).await?
+        );
+    }
+    ensure_eq(
+        claimable(&c, "early-", 20).await?,
+        20,
+        "copies of the early claims past their retention",
+    )?;
+    let log = cluster.log_text();
+    if log.contains("ERROR") || log.contains("PANIC") || log.contains("step of the generations") {
+        bail!(
+            "the server log has an error or a failed rotation step:\n{}",
+            cluster.log_tail(40)
+        );
+    }
+    Ok(())
+}
+
+/// The isolation specs `generation_*` (pg_test/isolation), on a preloaded server of their
+/// own: a copy in flight across a publication, at READ COMMITTED and REPEATABLE READ.
+pub async fn isolation_specs_at_the_boundary(_ctx: Ctx) -> Result<()> {
+    let (cluster, _dsn) = server(preloaded("gen-isolation")).await?;
+    let specs = crate::isolation_specs::spec_names(|name| {
+        name.starts_with(crate::isolation_specs::GENERATION_SPECS)
+    })?;
+    crate::isolation_specs::run(
+        cluster.port,
+        cluster.bindir.clone(),
+        DB,
+        specs,
+        cluster.dir.join("isolation"),
+    )
+    .await
+}
+
+/// A connection lost to a restart or a termination, not an error of the statement.
+fn disrupted(e: &tokio_postgres::Error) -> bool {
+    e.is_closed()
+        || match e.code().map(|c| c.code()) {
+            None => true,
+            Some(code) => code.starts_with("08") || code.starts_with("57P"),
+        }
+}
+
+/// The torture's ids: a window of 2000 that slides by 200 a second, so that new jobs keep
+/// coming and each is claimed by several sessions at once, across publications.
+const TORTURE_WINDOW: u64 = 2000;
+const TORTURE_NEW_PER_SEC: u64 = 200;
+
+#[derive(Default)]
+struct TortureClaims {
+    /// The jobs this session got true for, in a transaction whose COMMIT returned.
+    won: Vec<String>,
+    duplicates: u64,
+    reconnects: u64,
+}
+
+/// One of the torture's sessions: until `deadline`, a random job of the window, claimed and
+/// its effect inserted in one transaction, committed; after a lost connection, a new one.
+async fn torture_claimer(
+    dsn: String,
+    i: usize,
+    started: Instant,
+    deadline: Instant,
+    unexpected: Arc<Mutex<Vec<String>>>,
+) -> Result<TortureClaims> {
+    let dsn = format!("{dsn} application_name=torture-{i}");
+    let mut rng = StdRng::seed_from_u64(i as u64);
+    let mut out = TortureClaims::default();
+    'connection: while Instant::now() < deadline {
+        let c = connect_when_up(&dsn).await?;
+        if let Err(e) = c.batch_execute("SET statement_timeout = '30s'").await {
+            if disrupted(&e) {
+                out.reconnects += 1;
+                continue;
+            }
+            return Err(e.into());
+        }
+        while Instant::now() < deadline {
+            let base = started.elapsed().as_millis() as u64 * TORTURE_NEW_PER_SEC / 1000;
+            let id = format!("id-{}", base + rng.random_range(0..TORTURE_WINDOW));
+            // Odd sessions claim two jobs at a time with try_claim_many, whose keys after
+            // the first are inserted before any check: the cross-check after the insert
+            // is what decides those.
+            let other = format!("id-{}", base + rng.random_range(0..TORTURE_WINDOW));
+            let ids: Vec<String> = if i % 2 == 1 && other != id {
+                vec![id.clone(), other]
+            } else {
+                vec![id.clone()]
+            };
+            let r = async {
+                c.batch_execute("BEGIN").await?;
+                let fresh: Vec<String> = c
+                    .query(
+                        "SELECT j FROM dedup.try_claim_many($1::text[], 'torture') AS j",
+                        &[&ids],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                for id in &fresh {
+                    c.execute("INSERT INTO effects VALUES ($1)", &[id]).await?;
+                }
+                c.batch_execute("COMMIT").await?;
+                Ok::<Vec<String>, tokio_postgres::Error>(fresh)
+            }
+            .await;
+            match r {
+                Ok(fresh) => {
+                    out.duplicates += (ids.len() - fresh.len()) as u64;
+                    out.won.extend(fresh);
+                }
+                Err(e) if disrupted(&e) => {
+                    out.reconnects += 1;
+                    continue 'connection;
+                }
+                Err(e) => {
+                    unexpected
+                        .lock()
+                        .unwrap()
+                        .push(format!("claimer {i}, job {id}: {e}"));
+                    if c.batch_execute("ROLLBACK").await.is_err() {
+                        continue 'connection;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Default)]
+struct TortureRotations {
+    publications: u64,
+    calls: u64,
+    /// The first word of each answer, counted.
+    said: BTreeMap<String, u64>,
+}
+
+/// The torture's rotator: a publication every second, a rotation step every 200 ms between.
+async fn torture_rotator(
+    dsn: String,
+    deadline: Instant,
+    unexpected: Arc<Mutex<Vec<String>>>,
+) -> Result<TortureRotations> {
+    let mut out = TortureRotations::default();
+    let mut last_publication = Instant::now();
+    'connection: while Instant::now() < deadline {
+        let c = connect_when_up(&dsn).await?;
+        if let Err(e) = c.batch_execute("SET statement_timeout = '20s'").await {
+            if disrupted(&e) {
+                continue;
+            }
+            return Err(e.into());
+        }
+        while Instant::now() < deadline {
+            let publishing = last_publication.elapsed() >= Duration::from_secs(1);
+            let sql = if publishing {
+                "SELECT dedup.rotate_generations(publish => true)"
+            } else {
+                "SELECT dedup.rotate_generations()"
+            };
+            match c.query_one(sql, &[]).await {
+                Ok(row) => {
+                    let said: String = row.get(0);
+                    let word = said.split_whitespace().next().unwrap_or("").to_string();
+                    *out.said.entry(word).or_insert(0) += 1;
+                    // A forced publication waits for the seal of the one before it ("not
+                    // published: ..."), and a step may publish too.
+                    out.publications += said
+                        .split("; ")
+                        .filter(|part| part.starts_with("published "))
+                        .count() as u64;
+                    out.calls += 1;
+                    if publishing {
+                        last_publication = Instant::now();
+                    }
+                }
+                Err(e) if disrupted(&e) => continue 'connection,
+                Err(e) => {
+                    unexpected.lock().unwrap().push(format!("{sql}: {e}"));
+                    last_publication = Instant::now();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(out)
+}
+
+/// 32 sessions claim random jobs of an overlapping window for 20 s (the odd ones two at a
+/// time with try_claim_many), each claim and its effect (a row of `effects`, which has no
+/// unique constraint) in one committed transaction; a second in, generations are turned
+/// on under that load; then another session publishes a generation every second and runs a
+/// rotation step every 200 ms; at 10 s one claiming backend is killed with SIGKILL (the
+/// server restarts, every session reconnects and goes on). Afterwards no job has two
+/// effects, every job with an effect is in `dedup.claims()` exactly once (in one
+/// generation) and every claim there has its effect, no job was acknowledged to two
+/// sessions, every acknowledged one kept its effect, and every job with an effect is a
+/// duplicate.
+pub async fn generations_torture(_ctx: Ctx) -> Result<()> {
+    const CLAIMERS: usize = 32;
+    let run = Duration::from_secs(20);
+    let kill_after = Duration::from_secs(10);
+    let (cluster, dsn) = server(preloaded("gen-torture")).await?;
+    let a = admin(&dsn).await?;
+    a.batch_execute("CREATE TABLE effects (id text)").await?;
+    let unexpected = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let deadline = started + run;
+    let claimers: Vec<_> = (0..CLAIMERS)
+        .map(|i| {
+            tokio::spawn(torture_claimer(
+                dsn.clone(),
+                i,
+                started,
+                deadline,
+                unexpected.clone(),
+            ))
+        })
+        .collect();
+    // The switch to generations under load: claims into dedup.processed alone that are in
+    // flight when it commits must check generation 1 before they confirm.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    use_generations(&a).await?;
+    drop(a);
+    let rotator = tokio::spawn(torture_rotator(dsn.clone(), deadline, unexpected.clone()));
+
+    tokio::time::sleep(kill_after).await;
+    let victim: i32 = {
+        let o = connect(&dsn).await?;
+        o.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'torture-%' \
+              ORDER BY random() LIMIT 1",
+            &[],
+        )
+        .await?
+        .map(|r| r.get(0))
+        .context("no claiming backend to kill")?
+    };
+    kill9(victim)?;
+    println!(
+        "  SIGKILL of claiming backend {victim} at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut won: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut duplicates, mut reconnects) = (0u64, 0u64);
+    for t in claimers {
+        let r = t.await??;
+        for id in r.won {
+            *won.entry(id).or_insert(0) += 1;
+        }
+        duplicates += r.duplicates;
+        reconnects += r.reconnects;
+    }
+    let rotations = rotator.await??;
+    let unexpected = std::mem::take(&mut *unexpected.lock().unwrap());
+    println!(
+        "  {} claims acknowledged, {duplicates} duplicates, {reconnects} reconnections; {} publications in {} calls, answers by first word {:?}",
+        won.len(),
+        rotations.publications,
+        rotations.calls,
+        rotations.said
+    );
+    if !unexpected.is_empty() {
+        bail!(
+            "{} unexpected errors; the first: {:#?}",
+            unexpected.len(),
+            &unexpected[..unexpected.len().min(10)]
+        );
+    }
+    if reconnects < CLAIMERS as u64 {
+        bail!("{reconnects} reconnections for {CLAIMERS} sessions: the SIGKILL did not restart the server");
+    }
+    if rotations.publications < 8 {
+        bail!(
+            "{} publications in {} s",
+            rotations.publications,
+            run.as_secs()
+        );
+    }
+
+    let c = with_timeout(connect_when_up(&dsn).await?, "60s").await?;
+    let twice: Vec<String> = c
+        .query(
+            "SELECT id || ' x' || count(*) FROM effects GROUP BY id HAVING count(*) > 1 ORDER BY 1 LIMIT 20",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !twice.is_empty() {
+        bail!("jobs whose effect ran more than once: {twice:?}");
+    }
+    let in_two = in_two_generations(&c).await?;
+    if !in_two.is_empty() {
+        bail!("jobs in more than one generation: {in_two:?}");
+    }
+    let effects: BTreeSet<String> = c
+        .query("SELECT id FROM effects", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let claimed: BTreeSet<String> = c
+        .query(
+            "SELECT job_id FROM dedup.claims() WHERE scope = 'torture'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let without_claim: Vec<&String> = effects.difference(&claimed).take(20).collect();
+    if !without_claim.is_empty() {
+        bail!("effects without a claim in dedup.claims(): {without_claim:?}");
+    }
+    let without_effect: Vec<&String> = claimed.difference(&effects).take(20).collect();
+    if !without_effect.is_empty() {
+        bail!("claims without an effect: {without_effect:?}");
+    }
+    let won_twice: Vec<&String> = won
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .take(20)
+        .collect();
+    if !won_twice.is_empty() {
+        bail!("jobs acknowledged as claimed to two sessions: {won_twice:?}");
+    }
+    let lost: Vec<&String> = won
+        .keys()
+        .filter(|id| !effects.contains(*id))
+        .take(20)
+        .collect();
+    if !lost.is_empty() {
+        bail!("acknowledged claims whose effect is gone after the crash: {lost:?}");
+    }
+    c.batch_execute("BEGIN").await?;
+    let again: i64 = one(
+        &c,
+        "SELECT count(*) FROM (SELECT DISTINCT id FROM effects) AS e \
+          WHERE dedup.try_claim(e.id, 'torture')",
+    )
+    .await?;
+    c.batch_execute("ROLLBACK").await?;
+    ensure_eq(again, 0, "jobs with an effect claimed once more")?;
+    let states: Vec<String> = c
+        .query(
+            "SELECT state || ' ' || count(*) FROM dedup.generations GROUP BY state ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    current(&c).await?;
+    println!(
+        "  {} jobs claimed, each once; generations by state: {states:?}",
+        effects.len()
+    );
+    if !cluster.log_text().contains("terminated by signal 9") {
+        bail!(
+            "the server log does not show the crash:\n{}",
+            cluster.log_tail(40)
+        );
+    }
+    Ok(())
+}
