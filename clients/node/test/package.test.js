@@ -15,10 +15,10 @@ test('dedup-client resolves to the tarball installed in node_modules, not the so
   assert.equal(fileURLToPath(import.meta.resolve('dedup-client/bullmq')), path.join(root, 'bullmq.js'));
 });
 
-test('package.json: version 0.6.0, PostgreSQL licence, ESM with types, no dependencies', async () => {
+test('package.json: version 0.7.0, PostgreSQL licence, ESM with types, no dependencies', async () => {
   const pkg = JSON.parse(await readFile(path.join(root, 'package.json'), 'utf8'));
   assert.equal(pkg.name, 'dedup-client');
-  assert.equal(pkg.version, '0.6.0');
+  assert.equal(pkg.version, '0.7.0');
   assert.equal(pkg.license, 'PostgreSQL');
   assert.equal(pkg.type, 'module');
   assert.equal(pkg.exports['.'].types, './index.d.ts');

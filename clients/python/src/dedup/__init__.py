@@ -41,7 +41,7 @@ from ._core import (
     sqlstate,
 )
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "DEFAULT_RETRIES",
