@@ -12,10 +12,12 @@ export DEDUP_PG_MAJOR
 
 # The integration tests left out where a run covers the core only (the majors between the
 # oldest and the newest, and the portable edition's plain script): the client examples and
-# the experiment, and the long tests of the worker, the soak, the fuzzing, the counters,
-# the copies counted after expiry and the docs. What stays is the core: claims, leases,
-# batches, concurrency, crashes, isolation, security, the upgrade.
-DEDUP_CORE_SKIP="examples:: experiment:: worker:: soak:: fuzz:: stats:: expired:: docs::"
+# the experiment, and the tests of the worker, the soak, the fuzzing, the counters, the
+# copies counted after expiry, the docs, logical replication, operations, the lifecycle,
+# retention, leases, security and generations (all of them run on the oldest and the
+# newest major). What stays is the core: claims, batches, concurrency, crashes, isolation,
+# the upgrade.
+DEDUP_CORE_SKIP="examples:: experiment:: worker:: soak:: fuzz:: stats:: expired:: docs:: logical:: operations:: lifecycle:: retention:: leases:: security:: generations::"
 
 # Each step says when it began, in seconds since the first script of the run sourced this
 # file (DEDUP_RUN_STARTED, inherited by the scripts it runs): where a slow run's time went.
