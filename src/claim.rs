@@ -644,7 +644,7 @@ unsafe fn speculative_claim(
                 if crate::generations::epoch::read_even() != epoch {
                     crossed = Some(Cross::Restart);
                 } else {
-                    for o in gens.others.iter().take(0) {
+                    for o in gens.others {
                         let found = crate::generations::probe(o, job_datum, scope_datum);
                         if !matches!(found, crate::generations::Found::Clear) {
                             crossed = Some(Cross::Found(o, found));
