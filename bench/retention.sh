@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Retention at scale (docs/performance.md, "Retention at scale"; docs/design/generations.md):
 # what keeping claims a retention and then removing them costs, against a server where
-# nothing expires, measured side by side. Two servers of the same build run at the same
+# nothing expires, measured side by side. Three servers of the same build run at the same
 # time, with the same settings and the same load:
 #   none    dedup.prune_interval = 0: nothing is ever removed;
 #   prune   dedup.retention = R, dedup.prune_interval = PRUNE_INTERVAL: today's worker
-#           deletes expired claims in batches (src/prune).
+#           deletes expired claims in batches (src/prune);
+#   generations  the same settings, and dedup.use_generations() before the load: the
+#           worker publishes a generation every R/4 and drops one once its retention has
+#           passed (src/generations; docs/design/generations.md). Left out with
+#           GENERATIONS=0.
 # The load is CLIENTS pgbench clients per server, each calling try_claim_many of BATCH new
 # bigint jobs as fast as it can (bench/retention/claims.sql, claims only, no effect), and
 # one probe client per server claiming one new job PROBE_RATE times a second
@@ -18,15 +22,18 @@
 # Reported per retention period and server: claims/s and its ratio prune/none, WAL bytes
 # per claim and their ratio (in the periods after the first, every claim counted there
 # also has its removal's WAL counted: the steady state), sizes at the period's end, most
-# dead tuples seen, vacuums of the claim table and their time, and the probe's 99th
-# percentile and slowest claim.
+# dead tuples seen, vacuums of the claim tables and their time, and the probe's 99th
+# percentile and slowest claim, overall and within a second of a removal (a prune pass
+# from its start to its end, a generation's drop or truncation, as each server logged them).
+# The claim tables are dedup.processed and, on the generations server, every generation
+# dedup.processed_<n> that exists at the sample.
 #
 # Env: DEDUP_PG_BINDIR (a tree with a release build of dedup installed), PORT (55480: it
 #      and the next), LIVE (20000000), RETENTION (seconds; skips the calibration),
 #      CALIBRATE (30), PERIODS (3), BATCH (1000), CLIENTS (1), RATE (claims/s per
 #      server; default as fast as the clients go), PROBE_RATE (20),
 #      SAMPLE (10), SHARED_BUFFERS (64MB), PRUNE_INTERVAL (seconds; default R/10, at
-#      least 1), OUT (results file)
+#      least 1), GENERATIONS (1: run the third server), OUT (results file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bindir=${DEDUP_PG_BINDIR:-/usr/lib/postgresql/15/bin}
@@ -43,17 +50,19 @@ OUT=${OUT:-/dev/null}
 as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 dir=$(mktemp -d /tmp/dedup-bench-retention-XXXX)
 [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-names=(none prune)
+names=(none prune generations)
+servers=(0 1 2)
+[ "${GENERATIONS:-1}" = 1 ] || { names=(none prune); servers=(0 1); }
 stop() {
     pkill -f "pgbench.*$dir" 2>/dev/null || true
-    for s in 0 1; do as_pg "$bindir/pg_ctl" -D "$dir/data$s" -m immediate stop >/dev/null 2>&1 || true; done
+    for s in "${servers[@]}"; do as_pg "$bindir/pg_ctl" -D "$dir/data$s" -m immediate stop >/dev/null 2>&1 || true; done
     rm -rf "$dir"
 }
 trap stop EXIT
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$dir" -U postgres "$@"; }
 say() { echo "$*" | tee -a "$OUT"; }
 
-for s in 0 1; do
+for s in "${servers[@]}"; do
     as_pg "$bindir/initdb" -D "$dir/data$s" -A trust --no-sync >/dev/null
     # In postgresql.conf, not on the command line, where it would hide the prune server's
     # ALTER SYSTEM below.
@@ -66,6 +75,8 @@ for s in 0 1; do
     psql -p $((PORT + s)) -d bench -c "CREATE EXTENSION dedup" \
          -c "ALTER DATABASE bench SET dedup.warn_outside_transaction = off"
 done
+# The generations server keeps its claims in generations from the first one on.
+[ "${#servers[@]}" = 2 ] || psql -p $((PORT + 2)) -d bench -c "SELECT dedup.use_generations()" >/dev/null
 
 # RATE claims/s per server, or as fast as the clients go.
 throttle=()
@@ -73,7 +84,7 @@ throttle=()
 # The load, in the background until killed: CLIENTS batch clients and one probe client per
 # server, each transaction logged (client, transaction, latency us, script, epoch s, us).
 load() {
-    for s in 0 1; do
+    for s in "${servers[@]}"; do
         "$bindir/pgbench" -h "$dir" -U postgres -p $((PORT + s)) -n -M prepared -c "$CLIENTS" -j 1 -T 100000 "${throttle[@]}" \
             -D batch="$BATCH" -f "$here/retention/claims.sql" -l --log-prefix="$dir/$1-load$s" bench >/dev/null 2>&1 &
         "$bindir/pgbench" -h "$dir" -U postgres -p $((PORT + s)) -n -M prepared -c 1 -j 1 -T 100000 -R "$PROBE_RATE" \
@@ -82,12 +93,13 @@ load() {
 }
 stop_load() { pkill -f "pgbench.*$dir" 2>/dev/null || true; wait 2>/dev/null || true; }
 # One sample of server $1: epoch, WAL position (bytes), heap and primary key bytes, live
-# and dead tuples, vacuums and autovacuums of the claim table.
+# and dead tuples, vacuums and autovacuums, summed over the claim tables (dedup.processed
+# and the generations that exist; a claim table's only index is its primary key).
 sample() {
     psql -p $((PORT + $1)) -d bench -At -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()),
-        pg_current_wal_lsn() - '0/0'::pg_lsn, pg_relation_size('dedup.processed'),
-        pg_relation_size('dedup.processed_pkey'), n_live_tup, n_dead_tup, vacuum_count + autovacuum_count
-        FROM pg_stat_user_tables WHERE relid = 'dedup.processed'::regclass"
+        pg_current_wal_lsn() - '0/0'::pg_lsn, sum(pg_relation_size(relid)),
+        sum(pg_indexes_size(relid)), sum(n_live_tup), sum(n_dead_tup), sum(vacuum_count + autovacuum_count)
+        FROM pg_stat_user_tables WHERE schemaname = 'dedup' AND relname ~ '^processed(_[0-9]+)?$'"
 }
 
 if [ -n "${RETENTION:-}" ]; then
@@ -102,44 +114,55 @@ else
     R=$(python3 -c "print(max(60, round($LIVE * $CALIBRATE / $claims)))")
 fi
 interval=${PRUNE_INTERVAL:-$(( R / 10 > 1 ? R / 10 : 1 ))}
-psql -p $((PORT + 1)) -d postgres -c "ALTER SYSTEM SET dedup.retention = '$R s'" \
-     -c "ALTER SYSTEM SET dedup.prune_interval = '$interval s'" -c "SELECT pg_reload_conf()" >/dev/null
+for s in "${servers[@]:1}"; do
+    psql -p $((PORT + s)) -d postgres -c "ALTER SYSTEM SET dedup.retention = '$R s'" \
+         -c "ALTER SYSTEM SET dedup.prune_interval = '$interval s'" -c "SELECT pg_reload_conf()" >/dev/null
+done
 sleep 1
-[ "$(psql -p $((PORT + 1)) -d bench -At -c "SHOW dedup.prune_interval")" != 0 ] || { echo "the prune server did not take dedup.prune_interval" >&2; exit 1; }
+for s in "${servers[@]:1}"; do
+    [ "$(psql -p $((PORT + s)) -d bench -At -c "SHOW dedup.prune_interval")" != 0 ] || { echo "the ${names[$s]} server did not take dedup.prune_interval" >&2; exit 1; }
+done
 end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
 { echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores"
-  echo "# two servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB"
+  echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB"
   echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
   echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums"; } | tee -a "$OUT"
 while python3 -c "import sys, time; sys.exit(time.time() >= $end)"; do
-    for s in 0 1; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
+    for s in "${servers[@]}"; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
     sleep "$SAMPLE"
 done
-for s in 0 1; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
+for s in "${servers[@]}"; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
 stop_load
 
-# Each autovacuum or vacuum of dedup.processed the server logged: the time of its log line
+# Each autovacuum or vacuum of a claim table the server logged: the time of its log line
 # (when it ended) and its elapsed time, read from the whole message (its continuation lines
-# start with a tab; a vacuum with index passes writes many).
-for s in 0 1; do
+# start with a tab; a vacuum with index passes writes many). And each removal: a prune
+# pass (its log line's time is its end; it says its seconds) or a generation's drop or
+# truncation (logged as it commits; counted as 0 s).
+for s in "${servers[@]}"; do
     python3 - "$dir/log$s" "${names[$s]}" <<'PY' | tee -a "$OUT" >>"$dir/vacuums"
-import sys
+import re, sys
 lines = open(sys.argv[1], errors="replace").read().split("\n")
 for i, line in enumerate(lines):
-    if 'vacuum of table "bench.dedup.processed"' in line:
-        when = " ".join(line.split()[:2])
+    when = " ".join(line.split()[:2])
+    if re.search(r'vacuum of table "bench\.dedup\.processed(_[0-9]+)?"', line):
         k = i + 1
         while k < len(lines) and lines[k].startswith("\t"):
             if "elapsed:" in lines[k]:
                 print("vacuum", sys.argv[2], when, lines[k].split("elapsed:")[1].split()[0])
             k += 1
+    m = re.search(r'dedup: pruned [0-9]+ claims in database "bench" in ([0-9.]+) s', line)
+    if m:
+        print("removal", sys.argv[2], when, m.group(1))
+    if re.search(r'dedup: database "bench": (dropped|truncated) dedup\.processed', line):
+        print("removal", sys.argv[2], when, "0")
 PY
 done
 
 python3 - "$dir" "$start" "$R" "$PERIODS" "$BATCH" "$CLIENTS" <<'PY' | tee -a "$OUT"
 import glob, sys, datetime
 d, start, R, periods, batch, clients = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-names = ["none", "prune"]
+names = ["none", "prune", "generations"][:len(glob.glob(f"{d}/data*"))]
 def txns(prefix):
     out = []
     for f in glob.glob(prefix + "*"):
@@ -156,13 +179,17 @@ for line in open(f"{d}/samples"):
     if len(p) == 9:
         samples[p[1]].append([float(x) for x in p[2:]])
 vacuums = {n: [] for n in names}
+removals = {n: [] for n in names}
 try:
     for line in open(f"{d}/vacuums"):
         p = line.split()
         t = datetime.datetime.strptime(p[2] + " " + p[3], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
-        vacuums[p[1]].append((t, float(p[4])))
+        (vacuums if p[0] == "vacuum" else removals)[p[1]].append((t, float(p[4])))
 except FileNotFoundError:
     pass
+def near_removal(n, t):
+    # within a second of a removal: from a second before its start to a second after its end
+    return any(end - secs - 1 <= t <= end + 1 for end, secs in removals[n])
 def at(n, t):
     # the last sample at or before t (the first one if none)
     best = samples[n][0]
@@ -170,7 +197,7 @@ def at(n, t):
         if x[0] <= t:
             best = x
     return best
-print(f"# period: seconds from the start; claims/s (probe claims not counted); WAL bytes per claim; sizes at the period's end (MB); most dead tuples sampled; vacuums ended in the period and their seconds; probe p99 and slowest claim (ms)")
+print(f"# period: seconds from the start; claims/s (probe claims not counted); WAL bytes per claim; sizes at the period's end (MB); most dead tuples sampled; vacuums ended in the period and their seconds; probe p99 and slowest claim (ms), and the slowest of the claims in flight within a second of a removal, with the removals ended in the period")
 for k in range(periods + 1):
     t0, t1 = start + k * R, start + (k + 1) * R
     row = {}
@@ -186,13 +213,18 @@ for k in range(periods + 1):
         p99 = lat[int(len(lat) * 0.99)] if lat else 0
         dead = max([x[5] for x in samples[n] if t0 <= x[0] <= t1] or [0])
         vac = [v for v in vacuums[n] if t0 <= v[0] < t1]
+        # a probe claim's log time is its end; it was in flight from its end less its latency
+        near = [x[1] for x in probe[n] if t0 <= x[0] < t1 and (near_removal(n, x[0]) or near_removal(n, x[0] - x[1] / 1000))]
+        rem = [r for r in removals[n] if t0 <= r[0] < t1]
         row[n] = dict(cps=claims / R, wpc=wal / in_span if in_span else 0, heap=b[2] / 1e6, pkey=b[3] / 1e6,
-                      live=b[4], dead=dead, vac=len(vac), vac_s=sum(v[1] for v in vac), p99=p99, worst=lat[-1] if lat else 0)
+                      live=b[4], dead=dead, vac=len(vac), vac_s=sum(v[1] for v in vac), p99=p99, worst=lat[-1] if lat else 0,
+                      near=max(near or [0]), removals=len(rem))
     for n in names:
         r = row[n]
-        print(f"period {k + 1} {n:5}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
+        print(f"period {k + 1} {n:11}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
               f"live_tuples={r['live']:.0f} dead_tuples_max={r['dead']:.0f} vacuums={r['vac']} vacuum_s={r['vac_s']:.1f} "
-              f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f}")
-    if row["none"]["cps"] and row["none"]["wpc"]:
-        print(f"period {k + 1} ratio prune/none: claims/s {row['prune']['cps'] / row['none']['cps']:.3f}, WAL per claim {row['prune']['wpc'] / row['none']['wpc']:.3f}")
+              f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f} removals={r['removals']} probe_max_near_removal_ms={r['near']:.1f}")
+    for n in names[1:]:
+        if row["none"]["cps"] and row["none"]["wpc"]:
+            print(f"period {k + 1} ratio {n}/none: claims/s {row[n]['cps'] / row['none']['cps']:.3f}, WAL per claim {row[n]['wpc'] / row['none']['wpc']:.3f}")
 PY
