@@ -391,10 +391,16 @@ unsafe fn insert_claims_from(
                 restart = Some(stale(func, epoch, start));
                 break;
             };
-            check_layout(heap, func);
+            let layout = check_layout(heap, func);
             let index = pg_sys::index_open(compat::primary_key(heap), pg_sys::AccessShareLock as _);
             let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-            others.push(crate::generations::Other { heap, index, slot });
+            others.push(crate::generations::Other {
+                heap,
+                index,
+                slot,
+                layout,
+                sealed: g.sealed,
+            });
         }
     }
     // The epoch read again after the locks (also with no list: use_generations() may have
@@ -601,6 +607,8 @@ unsafe fn speculative_claim(
     // the slot's first two values (store_key), valid while the slot holds the row.
     let (scope_datum, job_datum) = (*(*slot).tts_values, *(*slot).tts_values.add(1));
     loop {
+        // Whether this round looked in the other generations before its insert.
+        let prechecked = check_first;
         if check_first {
             let mut conflict_tid = pg_sys::ItemPointerData::default();
             if !compat::check_index_constraints(rri, slot, estate, &mut conflict_tid, arbiters) {
@@ -644,7 +652,17 @@ unsafe fn speculative_claim(
                 if crate::generations::epoch::read_even() != epoch {
                     crossed = Some(Cross::Restart);
                 } else {
-                    for o in gens.others {
+                    // A sealed generation the check before the insert found clear is not
+                    // looked at again: with the epoch unchanged since the list was read it
+                    // was sealed all along, and no claim inserts into a sealed generation
+                    // (the seal waited for every transaction that could), so the key cannot
+                    // have appeared there since. (Also, a claimer that can still confirm a
+                    // row there had it current, so it inserted before the publication that
+                    // moved the epoch, before this list was loaded: the check before saw
+                    // it.) One probe per sealed generation, not two; a batch's key that
+                    // skipped the check before is looked up here. A generation still being
+                    // sealed keeps both looks, the rule the model checks.
+                    for o in gens.others.iter().filter(|o| !(prechecked && o.sealed)) {
                         let found = crate::generations::probe(o, job_datum, scope_datum);
                         if !matches!(found, crate::generations::Found::Clear) {
                             crossed = Some(Cross::Found(o, found));
@@ -668,11 +686,10 @@ unsafe fn speculative_claim(
             }
             Some(Cross::Found(o, crate::generations::Found::Committed(mut tid))) => {
                 *conflicts = true;
-                let other_layout = check_layout(o.heap, func);
                 break Some(inspect_conflict(
                     func,
                     o.heap,
-                    other_layout,
+                    o.layout,
                     &mut tid,
                     fingerprint,
                 ));
@@ -726,11 +743,10 @@ unsafe fn precheck_others(
             match crate::generations::probe(o, job_datum, scope_datum) {
                 crate::generations::Found::Clear => break,
                 crate::generations::Found::Committed(mut tid) => {
-                    let layout = check_layout(o.heap, func);
                     return Some(inspect_conflict(
                         func,
                         o.heap,
-                        layout,
+                        o.layout,
                         &mut tid,
                         fingerprint,
                     ));

@@ -55,6 +55,15 @@
  *      modelled; scripts/model.sh no longer runs it.) Step 4 cross-checks the other
  *      generation only if it is in the list (a claimer in O with the list {O} goes
  *      straight to 5).
+ *   2b. A claimer in N whose list is {O, N} may look for k in O before its insertion, as
+ *      a single try_claim does in PostgreSQL (a batch's key after its first does not:
+ *      the choice is nondeterministic). A committed row there is its outcome (false); an
+ *      in-flight row is waited for (its token if speculative, else its owner's end; the
+ *      claimer holds no token yet), then it looks again; a row being deleted, the
+ *      deleter's end. If that look found nothing and the list said O was sealed when it
+ *      was loaded (a sealed generation gains no row, which the seal property below
+ *      asserts), step 4 does not look in O again (src/claim.rs: one probe per sealed
+ *      generation, not two). A list loaded while O is sealing keeps step 4.
  *   Each epoch read first waits until the epoch is even (a publication is not between its
  *   two increments). The design as written does not have this wait; without it the
  *   claim is not safe (mutation CACHE_ODD_EPOCH below). In PostgreSQL the wait would be a
@@ -195,6 +204,10 @@
  *     step 1; the publication commits; B loads {O, N} at epoch 0 (before the increment),
  *     inserts into N, cross-checks O (empty) and confirms; A inserts into O, reads 0 in
  *     4a, cross-checks nothing and confirms.
+ *   -DSKIP_UNCHECKED (with -DEPOCH; assertion violated: wins <= 1): step 4 skips a
+ *     sealed O also for a claimer that did not look there in step 2b (a batch's key).
+ *     A commits its row in O; the rotator publishes and seals; B loads {O, N} with O
+ *     sealed, skips 2b, inserts into N, skips 4 and confirms.
  *   -DNO_WAIT_DELETER (with -DDELETER; assertion violated: wins <= 1): a claimer treats
  *     a row being deleted as gone (step 2: goes on to insert; step 4: confirms). A
  *     commits its row in O; the deleter starts deleting it; B, in N, cross-checks O, finds
@@ -306,8 +319,10 @@ proctype Claimer(byte me) {
     bool conflict;
 #ifdef EPOCH
     bit lc;          /* the cached generation list: O for {O}, N for {O, N} */
+    bool ls;         /* and whether it said O was sealed */
     byte ce;         /* the epoch read before that list was loaded */
     bool reload;
+    bool pre;        /* step 2b looked in O and found nothing */
 #endif
 
 #ifdef KILL
@@ -319,7 +334,7 @@ proctype Claimer(byte me) {
      * before the publication, {O} with epoch 0; any other loads it now */
     if
     :: regO & B(me)
-    :: else -> ce = epoch; lc = current
+    :: else -> ce = epoch; atomic { lc = current; ls = sealed }
     fi;
 #endif
 restart:
@@ -337,7 +352,7 @@ restart:
 #ifndef NO_RECHECK
     epoch_read();
     if
-    :: reload -> atomic { lc = current; reload = false; goto restart }
+    :: reload -> atomic { lc = current; ls = sealed; reload = false; goto restart }
     :: else
     fi;
 #endif
@@ -384,6 +399,28 @@ check:
         fi
     }
 
+#ifdef EPOCH
+    /* 2b: a single claim in N looks in O before its insertion; a batch's key does not */
+    pre = false;
+    if
+    :: g == N && lc == N ->
+sealedlook:
+       atomic {
+           lookup(O);
+           if
+           :: seen == NONE -> pre = true
+           :: seen == COMM -> t = 0; seen = 0; goto finish
+           :: seen == SPEC -> WAIT_TOKEN; t = 0; seen = 0; goto sealedlook
+           :: seen == CONF -> WAIT_END; t = 0; seen = 0; goto sealedlook
+#ifdef DELETER
+           :: seen == DEL -> WAIT_DEL; t = 0; seen = 0; goto sealedlook
+#endif
+           fi
+       }
+    :: true
+    fi;
+#endif
+
 #ifdef CHECK_BEFORE_INSERT
 precheck:
     /* the mutation: step 4 before step 3, with no own row yet */
@@ -425,16 +462,26 @@ precheck:
     epoch_read();
     if
 #ifdef RELOAD_AT_4A
-    :: reload -> atomic { lc = current; reload = false }
+    :: reload -> atomic { lc = current; ls = sealed; reload = false }
 #else
-    :: reload -> kill_own(); atomic { lc = current; reload = false; goto restart }
+    :: reload -> kill_own(); atomic { lc = current; ls = sealed; reload = false; goto restart }
 #endif
     :: else
     fi;
 #endif
-    /* a claimer in O whose list is {O} has no other generation to cross-check */
+    /* a claimer in O whose list is {O} has no other generation to cross-check; one in N
+     * whose list said O was sealed and whose step 2b found nothing there skips it */
     if
     :: g == O && lc == O -> goto confirm
+#ifdef SKIP_UNCHECKED
+    :: g == N && ls -> goto confirm
+#else
+#ifdef SKIP_ON_PRE
+    :: g == N && pre -> goto confirm
+#else
+    :: g == N && ls && pre -> goto confirm
+#endif
+#endif
     :: else
     fi;
 #endif
@@ -533,7 +580,7 @@ finish:
 #endif
             t = 0; seen = 0; conflict = false;
 #ifdef EPOCH
-            reload = false;
+            reload = false; pre = false;
 #endif
             regO = regO & ~B(me);
             ended = ended | B(me)

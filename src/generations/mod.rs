@@ -47,6 +47,10 @@ impl State {
 pub(crate) struct Generation {
     pub(crate) n: i32,
     pub(crate) relid: pg_sys::Oid,
+    /// Sealed (not sealing, not current) as of the list's epoch: its seal wait is over, so
+    /// no claim inserts into it again, and what a look-up finds there can only go away (a
+    /// prune of generation 0), never appear.
+    pub(crate) sealed: bool,
 }
 
 /// The generations a claim uses: the current one, and the others still read (sealing and
@@ -213,7 +217,11 @@ unsafe fn load(func: &str) -> Option<List> {
     let mut current = None;
     let mut others = Vec::new();
     for (n, relid, state) in rows {
-        let g = Generation { n, relid };
+        let g = Generation {
+            n,
+            relid,
+            sealed: state == State::Sealed,
+        };
         match state {
             State::Current if current.is_none() => current = Some(g),
             State::Current => pgrx::error!("dedup: dedup.generations has two current generations"),
@@ -248,11 +256,15 @@ pub(crate) enum Found {
 }
 
 /// A generation other than the claim's, open for the claim's look-ups: the table and its
-/// primary key with AccessShareLock, and a slot for its rows.
+/// primary key with AccessShareLock, a slot for its rows, the table's layout as
+/// `check_layout` found it when it was opened, and whether it was sealed (see
+/// [`Generation::sealed`]).
 pub(crate) struct Other {
     pub(crate) heap: pg_sys::Relation,
     pub(crate) index: pg_sys::Relation,
     pub(crate) slot: *mut pg_sys::TupleTableSlot,
+    pub(crate) layout: crate::claim::Layout,
+    pub(crate) sealed: bool,
 }
 
 /// Look for (job_id, scope) in `other` with a dirty snapshot, which sees rows of
