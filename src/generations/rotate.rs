@@ -834,6 +834,7 @@ fn drop_retired(retention: &Retention) -> Option<String> {
             return Some(message);
         }
     }
+    let kept = kept(&g);
     if g.n == 0 {
         exec(
             "TRUNCATE ONLY dedup.processed",
@@ -860,7 +861,35 @@ fn drop_retired(retention: &Retention) -> Option<String> {
             "forgetting a dropped generation",
         );
     }
-    Some(format!("{done} {name}"))
+    Some(format!("{done} {name}{kept}"))
+}
+
+/// How long the claims of retired generation `g` were kept, counted from their commits, as
+/// its drop (or truncation) says it: every claim in it committed before its seal (the seal
+/// waited for every transaction that could insert there), so each was kept at least now
+/// less `sealed_at`; a claim of generation n >= 1 committed after its publication, so at
+/// most now less `opened_at`. Generation 0 holds claims from before `use_generations()`:
+/// at least only. Empty if the row has no seal time (it always has once retired).
+fn kept(g: &Row) -> String {
+    // A message only: a read that finds no row says nothing rather than fail the drop.
+    let (least, most) = Spi::get_two_with_args::<f64, f64>(
+        "SELECT pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() \
+                    OPERATOR(pg_catalog.-) g.sealed_at), \
+                pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() \
+                    OPERATOR(pg_catalog.-) g.opened_at) \
+           FROM dedup.generations AS g WHERE g.n OPERATOR(pg_catalog.=) $1",
+        &[DatumWithOid::from(g.n)],
+    )
+    .unwrap_or((None, None));
+    match (least, most) {
+        (Some(least), _) if g.n == 0 => {
+            format!(": its claims were kept at least {least:.0} s")
+        }
+        (Some(least), Some(most)) => {
+            format!(": its claims were kept {least:.0} to {most:.0} s")
+        }
+        _ => String::new(),
+    }
 }
 
 /// ACCESS EXCLUSIVE on `relid` if no one holds or waits for a lock in the way; never waits.

@@ -1115,6 +1115,8 @@ pub async fn the_drop_never_queues(_ctx: Ctx) -> Result<()> {
         true,
         "a claim in generation 1",
     )?;
+    // Done by now: at the drop it is at least this old.
+    let claimed = Instant::now();
     ensure_eq(
         held_in(&a, "d-1", "default").await?,
         vec![1],
@@ -1202,6 +1204,7 @@ pub async fn the_drop_never_queues(_ctx: Ctx) -> Result<()> {
     reader.batch_execute("COMMIT").await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut said = Vec::new();
+    let mut dropped = None;
     loop {
         if one::<bool>(
             &a,
@@ -1218,8 +1221,39 @@ pub async fn the_drop_never_queues(_ctx: Ctx) -> Result<()> {
                 catalog(&a).await?
             );
         }
-        said.push(rotate(&a).await?);
+        let before = claimed.elapsed();
+        let s = rotate(&a).await?;
+        // The steps' messages, joined by "; ".
+        if let Some(d) = s
+            .split("; ")
+            .find(|d| d.starts_with("dropped dedup.processed_1:"))
+        {
+            dropped = Some((d.to_string(), before, claimed.elapsed()));
+        }
+        said.push(s);
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The drop says how long its claims were kept: at least the retention (2 s), and a
+    // range that holds the age of d-1, the one claim there (the bounds are rounded to the
+    // second).
+    let Some((message, before, after)) = dropped else {
+        bail!("no step said it dropped generation 1: {said:?}");
+    };
+    let kept = message
+        .strip_prefix("dropped dedup.processed_1: its claims were kept ")
+        .and_then(|rest| rest.strip_suffix(" s"))
+        .and_then(|range| range.split_once(" to "))
+        .and_then(|(l, m)| Some((l.parse::<f64>().ok()?, m.parse::<f64>().ok()?)));
+    let Some((least, most)) = kept else {
+        bail!("the drop does not say how long its claims were kept: {message:?}");
+    };
+    if least < 2.0 || least > after.as_secs_f64() + 0.5 || most + 0.5 < before.as_secs_f64() {
+        bail!(
+            "the drop says its claims were kept {least} to {most} s, with a retention of 2 s, \
+             where d-1 was between {:.1} and {:.1} s old: {message:?}",
+            before.as_secs_f64(),
+            after.as_secs_f64()
+        );
     }
     Ok(())
 }
