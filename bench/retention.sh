@@ -24,7 +24,9 @@
 # also has its removal's WAL counted: the steady state), sizes at the period's end, most
 # dead tuples seen, vacuums of the claim tables and their time, and the probe's 99th
 # percentile and slowest claim, overall and within a second of a removal (a prune pass
-# from its start to its end, a generation's drop or truncation, as each server logged them).
+# from its start to its end, a generation's drop or truncation, as each server logged them),
+# and how long the claims of each generation dropped in the period were kept (kept_s: from
+# its seal to its drop, the newest claim's least, to from its opening, the oldest's most).
 # The claim tables are dedup.processed and, on the generations server, every generation
 # dedup.processed_<n> that exists at the sample.
 #
@@ -154,8 +156,10 @@ for i, line in enumerate(lines):
     m = re.search(r'dedup: pruned [0-9]+ claims in database "bench" in ([0-9.]+) s', line)
     if m:
         print("removal", sys.argv[2], when, m.group(1))
-    if re.search(r'dedup: database "bench": (dropped|truncated) dedup\.processed', line):
-        print("removal", sys.argv[2], when, "0")
+    m = re.search(r'dedup: database "bench": (dropped|truncated) dedup\.processed(_[0-9]+)?(: its claims were kept (at least )?([0-9]+)( to ([0-9]+))? s)?', line)
+    if m:
+        # and how long its claims were kept, as the drop says it (least, most; -1: not said)
+        print("removal", sys.argv[2], when, "0", m.group(5) or -1, m.group(7) or -1)
 PY
 done
 
@@ -184,12 +188,15 @@ try:
     for line in open(f"{d}/vacuums"):
         p = line.split()
         t = datetime.datetime.strptime(p[2] + " " + p[3], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
-        (vacuums if p[0] == "vacuum" else removals)[p[1]].append((t, float(p[4])))
+        if p[0] == "vacuum":
+            vacuums[p[1]].append((t, float(p[4])))
+        else:
+            removals[p[1]].append((t, float(p[4])) + tuple(float(x) for x in p[5:7]))
 except FileNotFoundError:
     pass
 def near_removal(n, t):
     # within a second of a removal: from a second before its start to a second after its end
-    return any(end - secs - 1 <= t <= end + 1 for end, secs in removals[n])
+    return any(r[0] - r[1] - 1 <= t <= r[0] + 1 for r in removals[n])
 def at(n, t):
     # the last sample at or before t (the first one if none)
     best = samples[n][0]
@@ -218,12 +225,14 @@ for k in range(periods + 1):
         rem = [r for r in removals[n] if t0 <= r[0] < t1]
         row[n] = dict(cps=claims / R, wpc=wal / in_span if in_span else 0, heap=b[2] / 1e6, pkey=b[3] / 1e6,
                       live=b[4], dead=dead, vac=len(vac), vac_s=sum(v[1] for v in vac), p99=p99, worst=lat[-1] if lat else 0,
-                      near=max(near or [0]), removals=len(rem))
+                      near=max(near or [0]), removals=len(rem),
+                      kept=" ".join(f"{r[2]:.0f}-{r[3]:.0f}" if r[3] >= 0 else f">={r[2]:.0f}" for r in rem if len(r) > 3 and r[2] >= 0))
     for n in names:
         r = row[n]
         print(f"period {k + 1} {n:11}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
               f"live_tuples={r['live']:.0f} dead_tuples_max={r['dead']:.0f} vacuums={r['vac']} vacuum_s={r['vac_s']:.1f} "
-              f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f} removals={r['removals']} probe_max_near_removal_ms={r['near']:.1f}")
+              f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f} removals={r['removals']} probe_max_near_removal_ms={r['near']:.1f}"
+              + (f" kept_s={r['kept']}" if r['kept'] else ""))
     for n in names[1:]:
         if row["none"]["cps"] and row["none"]["wpc"]:
             print(f"period {k + 1} ratio {n}/none: claims/s {row[n]['cps'] / row['none']['cps']:.3f}, WAL per claim {row[n]['wpc'] / row['none']['wpc']:.3f}")
