@@ -449,6 +449,18 @@ pub fn generations_already(func: &str) -> ! {
     )
 }
 
+/// `dedup.use_generations()` while `dedup.processed` holds leases not completed: once the
+/// lease functions refuse, nobody could complete or take them over.
+pub fn generations_leases(func: &str, leases: i64) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+        format!("{func}: {leases} lease(s) in dedup.processed are not completed"),
+        "Leases are not available in a database that uses generations yet: complete or \
+         release the running ones (dedup.complete, dedup.release_lease), forget the expired \
+         ones nobody will take over (dedup.forget), then call it again.",
+    )
+}
+
 /// A function that reads `dedup.processed` alone, called in a database that uses
 /// generations.
 pub fn generations_refuse(func: &str) -> ! {

@@ -331,8 +331,10 @@ pub(crate) fn publishing_now() -> bool {
 /// The lock that keeps two publishers of one database apart: an advisory lock tag
 /// (database, 'dedu', 1) whose fourth field is 4. `pg_advisory_lock` and its kin only ever
 /// make tags with 1 (one bigint key) or 2 (two integer keys) there, and the prune lock
-/// (prune/pass.rs) has 3: no SQL can take this lock or wait for it. `pg_locks` shows it as
-/// `advisory` with classid 1684366453, objid 1, objsubid 4.
+/// (prune/pass.rs) has 3: no SQL can take this lock or wait for it, but through dedup's
+/// functions (publishers exclusive; the lease, result and `forget` functions in share mode,
+/// [`hold_off_publishing`]). `pg_locks` shows it as `advisory` with classid 1684366453,
+/// objid 1, objsubid 4.
 fn lock_tag(db: u32) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         locktag_field1: db,
@@ -358,13 +360,14 @@ impl Drop for RestoreOwner {
     }
 }
 
-/// Wait for the publishing lock of `db`, held until the top-level transaction ends.
+/// Wait for the publishing lock of `db` in `mode`, held until the top-level transaction
+/// ends.
 ///
 /// # Safety
 ///
 /// In a transaction (TopTransactionResourceOwner set), on the backend's main thread, under
 /// pgrx's guard.
-unsafe fn lock_for_transaction(db: u32) {
+unsafe fn lock_for_transaction(db: u32, mode: u32) {
     let tag = lock_tag(db);
     let _restore = RestoreOwner(pg_sys::CurrentResourceOwner);
     // SAFETY: the contract above. The lock is recorded under the top-level transaction's
@@ -376,12 +379,25 @@ unsafe fn lock_for_transaction(db: u32) {
     // deadlock detection, cancellation: ERRORs raised through the caller's guard); the tag is
     // a local the lock manager copies.
     pg_sys::CurrentResourceOwner = pg_sys::TopTransactionResourceOwner;
-    pg_sys::LockAcquire(
-        &tag,
-        pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
-        false,
-        false,
-    );
+    pg_sys::LockAcquire(&tag, mode as pg_sys::LOCKMODE, false, false);
+}
+
+/// Called by the lease, result and `forget` functions in a database that does not use
+/// generations, before they read or write `dedup.processed`: the publishing lock in share
+/// mode, held until the transaction ends. Leases do not conflict with each other; a
+/// `use_generations()` (exclusive) waits for every transaction that took it, and they wait
+/// for it, so that once it holds the lock no lease can still be on its way into
+/// `dedup.processed` (it then refuses while one is unfinished), and a lease that waited
+/// for it sees the generations when it looks again (`generations::refuse`).
+pub(crate) fn hold_off_publishing() {
+    let db = my_db();
+    // SAFETY: IsTransactionState reads CurrentTransactionState, no ereport.
+    if db == 0 || !unsafe { pg_sys::IsTransactionState() } {
+        return;
+    }
+    // SAFETY: in a transaction (checked above), on the main thread, under the guard of the
+    // #[pg_extern] function that called us.
+    unsafe { lock_for_transaction(db, pg_sys::ShareLock) };
 }
 
 /// Called by a transaction about to change `dedup.generations` (the worker's rotation,
@@ -420,7 +436,7 @@ pub(crate) fn publishing() {
     }
     // SAFETY: in a transaction (checked above), on the main thread, under the guard of the
     // #[pg_extern] or background worker main function that called us.
-    unsafe { lock_for_transaction(db) };
+    unsafe { lock_for_transaction(db, pg_sys::ExclusiveLock) };
     // The epoch is odd from the pre-commit to the commit, and every claim of the database
     // polls meanwhile: this commit must not wait for a synchronous standby (a claim that
     // commits into a new generation flushes the WAL, this change's included, before its own

@@ -133,8 +133,20 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
 
 /// Refuse `func` in a database that uses generations: leases, stored results and `forget`
 /// read `dedup.processed` alone (issue 26, slice 3 moves them).
+///
+/// Otherwise hold off `use_generations()` until this transaction ends, and look again: a
+/// `use_generations()` that committed after the first look (the lock waited for it) would
+/// otherwise let a lease insert into `dedup.processed` after generation 1 took claims, and
+/// a copy claimed there in the meantime would not be seen: one job granted twice.
 pub(crate) fn refuse(func: &str) {
     // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
+    if unsafe { in_use(func) } {
+        error::generations_refuse(func);
+    }
+    epoch::hold_off_publishing();
+    // The epoch moved if a publication committed since the first look: the list is read
+    // again (with a snapshot taken now) only then.
+    // SAFETY: as above.
     if unsafe { in_use(func) } {
         error::generations_refuse(func);
     }

@@ -62,6 +62,26 @@ pub(crate) fn use_generations() -> String {
     if rows > 0 {
         error::generations_already(F);
     }
+    // The publishing lock waited for every transaction that called a lease, result or
+    // forget function (they hold it in share mode: generations::refuse), so every lease in
+    // dedup.processed has committed or is gone. An unfinished one (running, or expired and
+    // not taken over) could neither be completed nor taken over once its functions refuse:
+    // its holder finishes or releases it first.
+    let leases = Spi::connect_mut(|c| {
+        c.update(
+            "SELECT pg_catalog.count(*) FROM dedup.processed AS p \
+              WHERE p.lease_expires_at IS NOT NULL",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one::<i64>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("{F}: reading dedup.processed failed: {e}"))
+    .unwrap_or(0);
+    if leases > 0 {
+        error::generations_leases(F, leases);
+    }
     exec(
         "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
          VALUES (0, 'processed', $1, 'current', pg_catalog.now())",

@@ -1413,6 +1413,204 @@ pub async fn leases_results_and_forget_refuse_with_generations(_ctx: Ctx) -> Res
     )
 }
 
+/// `use_generations()` refuses (55006) while `dedup.processed` holds a lease that is not
+/// completed, running or expired and not taken over: once the lease functions refuse,
+/// nobody could complete it or take it over. Completed, released or forgotten, it goes on.
+pub async fn use_generations_refuses_while_a_lease_is_unfinished(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-lease-open")).await?;
+    let a = admin(&dsn).await?;
+    let c = claimer(&dsn).await?;
+    let running: uuid::Uuid = one(&c, "SELECT lease_id FROM dedup.lease('l-running')").await?;
+    one::<uuid::Uuid>(
+        &c,
+        "SELECT lease_id FROM dedup.lease('l-expired', 'default', '10 ms')",
+    )
+    .await?;
+    one::<uuid::Uuid>(&c, "SELECT lease_id FROM dedup.lease('l-done')").await?;
+    c.batch_execute(
+        "SELECT dedup.complete('l-done', (SELECT lease_id FROM dedup.processed WHERE job_id = 'l-done'))",
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (code, message) = error_of(&a, "SELECT dedup.use_generations()").await?;
+    ensure_eq(
+        code.as_str(),
+        "55006",
+        "use_generations with two unfinished leases",
+    )?;
+    if !message.contains("2 lease(s)") {
+        bail!("the refusal does not count the unfinished leases: {message}");
+    }
+    c.execute("SELECT dedup.complete('l-running', $1)", &[&running])
+        .await?;
+    let (code, _) = error_of(&a, "SELECT dedup.use_generations()").await?;
+    ensure_eq(
+        code.as_str(),
+        "55006",
+        "use_generations with an expired lease left",
+    )?;
+    ensure_eq(
+        one::<bool>(&c, "SELECT dedup.forget('l-expired')").await?,
+        true,
+        "forget of the expired lease",
+    )?;
+    use_generations(&a).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('l-running')").await?,
+        false,
+        "the completed lease's job, claimed across generations",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('l-expired')").await?,
+        true,
+        "the forgotten lease's job",
+    )
+}
+
+/// A lease past its check when `use_generations()` runs: a trigger on `dedup.processed`
+/// waits for a lock the test holds, so `lease('race')` passes its check and waits in its
+/// INSERT. Without
+/// the publishing lock the lease functions hold, `use_generations()` committed at once, a
+/// claim of 'race' went into generation 1 and committed, and the lease then inserted into
+/// `dedup.processed` too: one job granted twice. Now `use_generations()` waits for the
+/// lease's transaction, and refuses (55006) when it finds the lease; whichever of the lease
+/// and the claim got the job, the other did not.
+pub async fn a_lease_racing_use_generations_is_not_granted_twice(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-lease-race")).await?;
+    let holder = admin(&dsn).await?;
+    let observer = admin(&dsn).await?;
+    // The gate: a trigger on dedup.processed that waits for an advisory lock the holder
+    // takes, so the lease's INSERT waits after its check. (A lock on the table would hold
+    // up use_generations() too: it opens dedup.processed with RowExclusiveLock.)
+    holder
+        .batch_execute(
+            "CREATE FUNCTION public.gate() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$; \
+             CREATE TRIGGER gate BEFORE INSERT ON dedup.processed \
+               FOR EACH ROW EXECUTE FUNCTION public.gate()",
+        )
+        .await?;
+    holder
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4242)")
+        .await?;
+    let leaser = admin(&dsn).await?;
+    let leaser_pid = leaser.pid;
+    let lease = tokio::spawn(async move {
+        leaser
+            .query_one("SELECT status FROM dedup.lease('race')", &[])
+            .await
+            .map(|row| row.get::<_, String>(0))
+    });
+    wait_until_blocked(&observer, leaser_pid).await?;
+    let converter = admin(&dsn).await?;
+    let converter_pid = converter.pid;
+    let convert = tokio::spawn(async move {
+        converter
+            .query_one("SELECT dedup.use_generations()", &[])
+            .await
+            .map(|row| row.get::<_, String>(0))
+    });
+    // Before the fix it commits at once; now it waits for the lease's transaction.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let wait: String = one(
+            &observer,
+            &format!(
+                "SELECT coalesce((SELECT wait_event_type FROM pg_stat_activity WHERE pid = {converter_pid}), '')"
+            ),
+        )
+        .await?;
+        if convert.is_finished() || wait == "Lock" {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("use_generations() neither ended nor waited in 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let converted_first = convert.is_finished();
+    let d = claimer(&dsn).await?;
+    let d_pid = d.pid;
+    let copy = tokio::spawn(async move {
+        d.batch_execute("BEGIN").await?;
+        let r = d
+            .query_one("SELECT dedup.try_claim('race')", &[])
+            .await
+            .map(|row| row.get::<_, bool>(0));
+        let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        d.batch_execute(end).await?;
+        Ok::<_, tokio_postgres::Error>(r)
+    });
+    // The copy commits at once (into generation 1, or into dedup.processed, where a claim
+    // fires no trigger), or waits.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !copy.is_finished() {
+        let wait: String = one(
+            &observer,
+            &format!("SELECT coalesce((SELECT wait_event_type FROM pg_stat_activity WHERE pid = {d_pid}), '')"),
+        )
+        .await?;
+        if wait == "Lock" {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the copy neither ended nor waited in 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.batch_execute("COMMIT").await?;
+    let leased = tokio::time::timeout(Duration::from_secs(30), lease)
+        .await
+        .context("the lease still waiting 30 s after the lock was released")??;
+    let copied = tokio::time::timeout(Duration::from_secs(30), copy)
+        .await
+        .context("the copy still waiting 30 s after the lock was released")???;
+    let converted = tokio::time::timeout(Duration::from_secs(30), convert)
+        .await
+        .context("use_generations() still waiting 30 s after the lock was released")??;
+    let leased = leased.map_err(|e| sqlstate(&e).unwrap_or("none").to_string());
+    let copied = copied.map_err(|e| sqlstate(&e).unwrap_or("none").to_string());
+    let converted = converted.map_err(|e| sqlstate(&e).unwrap_or("none").to_string());
+    let said = format!(
+        "use_generations() ended first: {converted_first}; lease: {leased:?}; copy: {copied:?}; use_generations(): {converted:?}"
+    );
+    if leased.as_deref() == Ok("acquired") && copied == Ok(true) {
+        bail!("the job was granted twice, to the lease and to the claim: {said}");
+    }
+    let held: Vec<String> = observer
+        .query(
+            "SELECT 'processed:' || (lease_expires_at IS NOT NULL) FROM dedup.processed WHERE job_id = 'race'",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    match (&leased, &converted) {
+        (Ok(s), Err(code)) if s == "acquired" => {
+            ensure_eq(
+                code.as_str(),
+                "55006",
+                &format!("use_generations() after the lease: {said}"),
+            )?;
+            ensure_eq(held, vec!["processed:true".to_string()], "the lease's row")?;
+        }
+        (_, Ok(_)) => {
+            ensure_eq(
+                copied,
+                Ok(true),
+                &format!("the claim where the lease did not win: {said}"),
+            )?;
+        }
+        _ => bail!("unexpected: {said}"),
+    }
+    ensure_eq(
+        converted_first,
+        false,
+        &format!("use_generations() waited for the lease: {said}"),
+    )
+}
+
 /// Claims work, promptly (a claimer's statement_timeout is 5 s: a claim polling an epoch
 /// left odd fails), on `c`, which claimed before, and on a new session; both of `key`'s jobs
 /// land in generation `want`.
