@@ -21,7 +21,7 @@
 CREATE TABLE dedup.generations (
     n          pg_catalog.int4 NOT NULL CHECK (n OPERATOR(pg_catalog.>=) 0),
     relname    pg_catalog.name NOT NULL,
-    relid      pg_catalog.oid NOT NULL,
+    relid      pg_catalog.regclass NOT NULL,
     state      pg_catalog.text NOT NULL
                CHECK (state OPERATOR(pg_catalog.=) ANY
                       (ARRAY['current', 'sealing', 'sealed', 'retired']::pg_catalog.text[])),
@@ -34,6 +34,8 @@ CREATE TABLE dedup.generations (
 );
 COMMENT ON TABLE dedup.generations IS
     'The generations of claims of a database that uses them (dedup.use_generations): generation 0 is dedup.processed, generation n the table dedup.processed_<n>. Written by the rotation only.';
+COMMENT ON COLUMN dedup.generations.relid IS
+    'The generation''s table. A regclass, not an oid: pg_dump writes it as the table''s name, so a restore into another database names the table it made there.';
 COMMENT ON COLUMN dedup.generations.state IS
     'current: claims go there; sealing: published away from, its seal wait not done; sealed: no insert ever again; retired: no claim reads it, waiting for its drop (generation 0 stays retired once truncated).';
 COMMENT ON COLUMN dedup.generations.waits IS

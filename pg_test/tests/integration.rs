@@ -146,6 +146,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::leases_results_and_forget_refuse_with_generations,
     generations::use_generations_refuses_while_a_lease_is_unfinished,
     generations::a_lease_racing_use_generations_is_not_granted_twice,
+    generations::dump_and_restore_keep_the_generations,
     generations::the_epoch_is_even_after_a_failed_publication,
     generations::a_crash_restart_keeps_every_claim_across_generations,
     generations::worker_rotates_by_a_quarter_of_the_retention,

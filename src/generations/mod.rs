@@ -209,6 +209,7 @@ unsafe fn load(func: &str) -> Option<List> {
     while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
         let mut isnull = false;
         let n = pg_sys::slot_getattr(slot, 1, &mut isnull).value() as i32;
+        // relid is a regclass: its datum is the OID.
         let relid = pg_sys::Oid::from(pg_sys::slot_getattr(slot, 3, &mut isnull).value() as u32);
         let state = pg_sys::slot_getattr(slot, 4, &mut isnull);
         let state = <&str as pgrx::FromDatum>::from_datum(state, isnull)

@@ -84,7 +84,7 @@ pub(crate) fn use_generations() -> String {
     }
     exec(
         "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
-         VALUES (0, 'processed', $1, 'current', pg_catalog.now())",
+         VALUES (0, 'processed', $1::pg_catalog.regclass, 'current', pg_catalog.now())",
         &[DatumWithOid::from(processed)],
         "recording dedup.processed as generation 0",
     );
@@ -339,7 +339,8 @@ fn relname_of(n: i32) -> String {
 }
 
 /// Operators written OPERATOR() all bind alike, left to right: hence the parentheses.
-const ROWS: &str = "SELECT g.n, g.relname::pg_catalog.text, g.relid, g.state, g.waits, \
+const ROWS: &str =
+    "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
         g.xmin::pg_catalog.text, \
         g.opened_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) \
             pg_catalog.make_interval(secs => $1::pg_catalog.float8)), \
@@ -517,7 +518,7 @@ fn publish_next(rows: &[Row]) -> String {
     );
     exec(
         "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
-         VALUES ($1, $2::pg_catalog.name, $3, 'current', pg_catalog.now())",
+         VALUES ($1, $2::pg_catalog.name, $3::pg_catalog.regclass, 'current', pg_catalog.now())",
         &[
             DatumWithOid::from(n),
             DatumWithOid::from(relname.as_str()),
