@@ -361,6 +361,131 @@ async fn counted(c: &dedup_pg_test::Conn) -> Result<(i64, i64)> {
     Ok((r.get(0), r.get(1)))
 }
 
+/// What a database that uses generations holds, as text: its catalog (with each relid's
+/// OID, which pg_upgrade keeps) and every claim across its generations.
+const GENERATIONS: &[&str] = &[
+    "SELECT n::text || ' ' || relname::text || ' ' || state || ' ' || relid::oid::text \
+       FROM dedup.generations ORDER BY n",
+    "SELECT scope || ' ' || job_id || ' ' || processed_at::text FROM dedup.claims() \
+      ORDER BY scope, job_id",
+];
+
+/// A claim of `job` in a transaction of its own.
+async fn claim_one(c: &dedup_pg_test::Conn, job: &str) -> Result<bool> {
+    c.batch_execute("BEGIN").await?;
+    let got = claim(c, &format!("SELECT dedup.try_claim('{job}')")).await?;
+    c.batch_execute("COMMIT").await?;
+    Ok(got)
+}
+
+/// Turns generations on in the database of `dsn` on the old server (which preloads dedup),
+/// with a claim in generation 0, one in 1 and one in 2; what it then holds (GENERATIONS).
+async fn generations_before(dsn: &str) -> Result<Vec<String>> {
+    let g = dedup_pg_test::connect(dsn).await?;
+    ensure_eq(
+        claim_one(&g, "gen-0").await?,
+        true,
+        "a claim in generation 0",
+    )?;
+    g.batch_execute("SELECT dedup.use_generations()").await?;
+    ensure_eq(
+        claim_one(&g, "gen-1").await?,
+        true,
+        "a claim in generation 1",
+    )?;
+    g.batch_execute("SELECT dedup.rotate_generations(publish => true)")
+        .await?;
+    ensure_eq(
+        claim_one(&g, "gen-2").await?,
+        true,
+        "a claim in generation 2",
+    )?;
+    // Seal generation 1 here (no transaction is open), so the new server's worker has no
+    // seal to do that would change the catalog compared.
+    for _ in 0..20 {
+        let sealing: i64 = g
+            .query_one(
+                "SELECT count(*) FROM dedup.generations WHERE state = 'sealing'",
+                &[],
+            )
+            .await?
+            .get(0);
+        if sealing == 0 {
+            return texts_of(&g, GENERATIONS).await;
+        }
+        g.batch_execute("SELECT dedup.rotate_generations()").await?;
+    }
+    bail!("generation 1 is still sealing after 20 rotation steps with no transaction open")
+}
+
+/// After pg_upgrade: the database that uses generations holds what it held (the same
+/// catalog, each relid still its table, the same claims); each claim of generations 0 to 2
+/// is a duplicate; a new claim lands in generation 2; a publication works, and a claim
+/// after it lands in the new generation.
+async fn generations_after(dsn: &str, before: &[String]) -> Result<()> {
+    let g = dedup_pg_test::connect_when_up(dsn).await?;
+    g.batch_execute("SET statement_timeout = '20s'").await?;
+    ensure_eq(
+        texts_of(&g, GENERATIONS).await?,
+        before.to_vec(),
+        "the catalog and the claims of every generation",
+    )?;
+    let misnamed: i64 = g
+        .query_one(
+            "SELECT count(*) FROM dedup.generations \
+              WHERE relid::oid IS DISTINCT FROM to_regclass('dedup.' || quote_ident(relname::text))::oid",
+            &[],
+        )
+        .await?
+        .get(0);
+    ensure_eq(misnamed, 0, "catalog rows whose relid is not their table")?;
+    for job in ["gen-0", "gen-1", "gen-2"] {
+        ensure_eq(
+            claim_one(&g, job).await?,
+            false,
+            &format!("{job} claimed again"),
+        )?;
+    }
+    let held = |rel: &str, job: &str| {
+        format!("SELECT EXISTS (SELECT FROM dedup.{rel} WHERE job_id = '{job}')")
+    };
+    ensure_eq(claim_one(&g, "gen-new").await?, true, "a new claim")?;
+    ensure_eq(
+        g.query_one(held("processed_2", "gen-new").as_str(), &[])
+            .await?
+            .get::<_, bool>(0),
+        true,
+        "the new claim in generation 2",
+    )?;
+    g.batch_execute("SELECT dedup.rotate_generations(publish => true)")
+        .await?;
+    ensure_eq(
+        claim_one(&g, "gen-published").await?,
+        true,
+        "a claim after a publication",
+    )?;
+    ensure_eq(
+        g.query_one(held("processed_3", "gen-published").as_str(), &[])
+            .await?
+            .get::<_, bool>(0),
+        true,
+        "that claim in generation 3",
+    )?;
+    ensure_eq(
+        claim_one(&g, "gen-new").await?,
+        false,
+        "gen-new claimed again",
+    )
+}
+
+async fn texts_of(c: &dedup_pg_test::Conn, queries: &[&str]) -> Result<Vec<String>> {
+    let mut all = Vec::new();
+    for q in queries {
+        all.extend(texts(c, q).await?);
+    }
+    Ok(all)
+}
+
 pub(crate) fn bindir_of(pg_config: &str) -> Result<PathBuf> {
     let out = Command::new(pg_config).arg("--bindir").output()?;
     ensure_eq(out.status.success(), true, "pg_config --bindir")?;
@@ -371,7 +496,9 @@ pub(crate) fn bindir_of(pg_config: &str) -> Result<PathBuf> {
 /// latest of the majors this run tested before (`DEDUP_UPGRADE_FROM`, which scripts/test.sh
 /// sets; dedup of this build is installed in each). Claims, fingerprints, a stored result,
 /// a lease, an offset, a scope retention and a forgotten job's audit row are all there
-/// afterwards and answer as before; the worker prunes on the new major. The counters are
+/// afterwards and answer as before; a second database, which uses generations, keeps its
+/// catalog and claims, and claims and publishes across them; the worker prunes on the new
+/// major. The counters are
 /// not in what pg_upgrade copies: the first upgrade copies pg_stat/dedup.stat across, as
 /// docs/operations.md tells (they carry over); the second does not (they start from zero,
 /// and the new server's log says so).
@@ -415,6 +542,9 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
              BEGIN; SELECT dedup.try_claim('job-1'); COMMIT;",
         )
         .await?;
+        old.psql("postgres", "CREATE DATABASE upgen")?;
+        old.psql("upgen", "CREATE EXTENSION dedup")?;
+        let generations_before = generations_before(&old.dsn("upgen")).await?;
         let before = holdings(&o).await?;
         let counted_before = counted(&o).await?;
         let version = extversion(&o).await?;
@@ -478,6 +608,11 @@ pub async fn pg_upgrade_from_an_older_major_keeps_everything(_ctx: Ctx) -> Resul
             "a new job",
         )?;
         n.batch_execute("COMMIT").await?;
+        generations_after(&new.dsn("upgen"), &generations_before)
+            .await
+            .with_context(|| {
+                format!("{old_version} -> {new_version}: the database that uses generations")
+            })?;
         // The worker prunes on the new major.
         let pruned = crate::worker::eventually(60, "the expired claims pruned", || async {
             Ok(crate::worker::count(
