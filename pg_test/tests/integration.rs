@@ -147,6 +147,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::use_generations_refuses_while_a_lease_is_unfinished,
     generations::a_lease_racing_use_generations_is_not_granted_twice,
     generations::dump_and_restore_keep_the_generations,
+    generations::a_promoted_standby_claims_across_the_generations_it_replayed,
     generations::the_epoch_is_even_after_a_failed_publication,
     generations::a_crash_restart_keeps_every_claim_across_generations,
     generations::worker_rotates_by_a_quarter_of_the_retention,

@@ -84,6 +84,13 @@ static mut CACHE: Option<Cache> = None;
 /// In a transaction, on the backend's main thread, under pgrx's guard (the catalog read
 /// raises ERRORs as panics).
 pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
+    // Replay changes dedup.generations without moving this server's epoch (the publishing
+    // transaction's callbacks ran on the primary), so a list read during recovery is never
+    // cached: a session that read one on a hot standby (claim_result does) would otherwise
+    // claim with it after a promotion, and miss the generations published since. Looked at
+    // before the epoch and the catalog: once recovery has ended, every publication after
+    // the catalog read moves this server's epoch.
+    let in_recovery = pg_sys::RecoveryInProgress();
     let shared = epoch::available();
     let now = if shared { epoch::read_even() } else { 0 };
     let epoch = shared.then_some(now);
@@ -104,8 +111,8 @@ pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
         error::generations_need_preload(func);
     }
     // A list read inside the transaction that is changing it is not cached: if that
-    // transaction rolls back, the epoch does not move.
-    let keep = !epoch::publishing_now();
+    // transaction rolls back, the epoch does not move. Nor one read during recovery (above).
+    let keep = !epoch::publishing_now() && !in_recovery;
     *cache = Some(Cache {
         db,
         epoch: if keep { now } else { u64::MAX },

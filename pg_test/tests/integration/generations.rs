@@ -1777,6 +1777,123 @@ pub async fn dump_and_restore_keep_the_generations(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
+/// A standby promoted by failover claims across the generations it replayed. The epoch that
+/// tells a backend the generations changed lives in each server's shared memory, and replay
+/// does not move it: a session on a hot standby that read the generations (here: none,
+/// before `use_generations()` on the primary) must not keep that list across the
+/// promotion, or its claims would go into `dedup.processed` alone and miss the copies in
+/// generation 1. Checked on that session, and on a new one, after the promotion: each
+/// claim made on the primary is a duplicate, a new claim lands in the current generation,
+/// and a publication works.
+pub async fn a_promoted_standby_claims_across_the_generations_it_replayed(_ctx: Ctx) -> Result<()> {
+    let (mut primary, dsn) = server(preloaded("gen-primary")).await?;
+    let standby =
+        tokio::task::block_in_place(|| Cluster::standby_of(&primary, preloaded("gen-standby")))?;
+    let sdsn = standby.dsn(DB);
+    let a = admin(&dsn).await?;
+    eventually(30, "the standby streaming", || async {
+        Ok(one::<i64>(
+            &a,
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'",
+        )
+        .await?
+            == 1)
+    })
+    .await
+    .with_context(|| standby.log_tail(15))?;
+
+    // A session on the standby that looks at the generations before the primary has any:
+    // claim_result reads (a standby serves it), and looks first; a claim is refused there.
+    let early = claimer(&sdsn).await?;
+    ensure_eq(
+        one::<i64>(
+            &early,
+            "SELECT count(*) FROM dedup.claim_result('not-claimed')",
+        )
+        .await?,
+        0,
+        "claim_result on the hot standby",
+    )?;
+    let (code, message) = error_of(
+        &early,
+        "BEGIN; SELECT dedup.try_claim('on-the-standby'); COMMIT",
+    )
+    .await?;
+    let _ = early.batch_execute("ROLLBACK").await;
+    ensure_eq(
+        code.as_str(),
+        "25006",
+        &format!("a claim on the hot standby: {message}"),
+    )?;
+
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('in-0')").await?,
+        true,
+        "a claim on the primary before use_generations()",
+    )?;
+    use_generations(&a).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('in-1')").await?,
+        true,
+        "a claim in generation 1 on the primary",
+    )?;
+    let s = admin(&sdsn).await?;
+    eventually(30, "the standby replaying generation 1's claim", || async {
+        Ok(one::<bool>(
+            &s,
+            "SELECT to_regclass('dedup.processed_1') IS NOT NULL \
+                AND (SELECT count(*) FROM dedup.generations) = 2",
+        )
+        .await?
+            && one::<bool>(
+                &s,
+                "SELECT EXISTS (SELECT FROM dedup.processed_1 WHERE job_id = 'in-1')",
+            )
+            .await?)
+    })
+    .await?;
+    drop((a, c));
+    tokio::task::block_in_place(|| primary.stop("fast"))?;
+    tokio::task::block_in_place(|| standby.promote())?;
+    eventually(30, "the promotion", || async {
+        Ok(!one::<bool>(&s, "SELECT pg_is_in_recovery()").await?)
+    })
+    .await?;
+
+    let fresh = claimer(&sdsn).await?;
+    for (who, conn) in [
+        ("the session that claimed on the standby", &early),
+        ("a new session", &fresh),
+    ] {
+        for job in ["in-0", "in-1"] {
+            ensure_eq(
+                claim_tx(conn, &format!("SELECT dedup.try_claim('{job}')")).await?,
+                false,
+                &format!("{job} claimed again on the promoted server by {who}"),
+            )?;
+        }
+    }
+    ensure_eq(
+        claim_tx(&early, "SELECT dedup.try_claim('after-promotion')").await?,
+        true,
+        "a new claim on the promoted server",
+    )?;
+    ensure_eq(
+        held_in(&s, "after-promotion", "default").await?,
+        vec![1],
+        "where it went",
+    )?;
+    let two = publish(&s).await?;
+    settle(&s).await?;
+    claims_work(&sdsn, &early, &s, "published-after-promotion", two).await?;
+    ensure_eq(
+        claim_tx(&fresh, "SELECT dedup.try_claim('after-promotion')").await?,
+        false,
+        "the claim of generation 1 after the publication",
+    )
+}
+
 /// Claims work, promptly (a claimer's statement_timeout is 5 s: a claim polling an epoch
 /// left odd fails), on `c`, which claimed before, and on a new session; both of `key`'s jobs
 /// land in generation `want`.
