@@ -30,8 +30,29 @@ fn check_claim(
     if citus::route() == citus::Route::WorkerLocal {
         error::worker_not_distributed(func);
     }
-    // Leases, stored results and forget read and write dedup.processed alone.
+    // Leases and forget read and write dedup.processed alone (stored results do not call
+    // this: set_result looks in every generation).
     crate::generations::refuse(func);
+}
+
+/// The checks of [`check_claim`] but the refusal where generations are on: `set_result`'s.
+fn check_result_claim(func: &str, job_id: Option<&str>, scope: Option<&str>) {
+    let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
+    error::check_length(func, || "job_id", job_id, error::MAX_JOB_ID_BYTES);
+    let scope = scope.unwrap_or_else(|| error::null_argument(func, "scope"));
+    claim::check_scope(func, scope);
+    claim::check_writable(func);
+    if citus::route() == citus::Route::WorkerLocal {
+        error::worker_not_distributed(func);
+    }
+}
+
+/// The tables a claim of this database may be in, newest generation first: each
+/// generation's (opened and locked in share mode to the end of the transaction, so none is
+/// dropped under the read), or `dedup.processed` alone where generations are not used.
+fn claim_tables(func: &str) -> Vec<String> {
+    // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
+    unsafe { crate::generations::tables(func) }.unwrap_or_else(|| vec!["dedup.processed".into()])
 }
 
 /// `dedup.set_result(job_id, result, scope)`: store the result of a job this transaction
@@ -44,7 +65,7 @@ fn set_result(
     scope: default!(Option<&str>, "'default'"),
 ) {
     const F: &str = "dedup.set_result";
-    check_claim(Some(F), job_id, scope, None);
+    check_result_claim(F, job_id, scope);
     let args = [
         DatumWithOid::from(job_id),
         DatumWithOid::from(scope),
@@ -81,16 +102,27 @@ fn set_result(
     // claim older than that whose 32-bit xmin is ours (a claim kept for 2^32 transactions,
     // an epoch ago) is not this transaction's, which must not store a result for a job it
     // never claimed (crash::set_result_refuses_a_claim_of_an_earlier_epoch).
-    let found = Spi::get_three_with_args::<String, bool, bool>(
-        "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL, \
-                p.processed_at OPERATOR(pg_catalog.>=) pg_catalog.now() \
-           FROM dedup.processed AS p \
-          WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
-        &args[..2],
-    );
-    let (xmin, leased, recent) = match found {
-        Ok((Some(xmin), Some(leased), Some(recent))) => (xmin, leased, recent),
-        _ => error::not_claimed_here(F),
+    // Where generations are on, the claim is in the generation that was current when this
+    // transaction claimed the job: the current one, or one published away from since
+    // (sealing until this transaction ends). A key is in one generation only.
+    let mut found = None;
+    for table in claim_tables(F) {
+        let row = Spi::get_three_with_args::<String, bool, bool>(
+            &format!(
+                "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL, \
+                        p.processed_at OPERATOR(pg_catalog.>=) pg_catalog.now() \
+                   FROM {table} AS p \
+                  WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2"
+            ),
+            &args[..2],
+        );
+        if let Ok((Some(xmin), Some(leased), Some(recent))) = row {
+            found = Some((table, xmin, leased, recent));
+            break;
+        }
+    }
+    let Some((table, xmin, leased, recent)) = found else {
+        error::not_claimed_here(F);
     };
     if leased {
         error::leased(F);
@@ -108,11 +140,13 @@ fn set_result(
         error::not_claimed_here(F);
     }
     Spi::run_with_args(
-        "UPDATE dedup.processed AS p SET result = $3 \
-         WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2",
+        &format!(
+            "UPDATE {table} AS p SET result = $3 \
+             WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2"
+        ),
         &args,
     )
-    .unwrap_or_else(|e| pgrx::error!("{F}: storing the result in dedup.processed failed: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("{F}: storing the result in {table} failed: {e}"));
 }
 
 const FUNC_RESULT: &str = "dedup.claim_result";
@@ -136,17 +170,27 @@ pub(crate) fn claim_result_row(
     // job again.
     let job_id = job_id.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "job_id"));
     let scope = scope.unwrap_or_else(|| error::null_argument(FUNC_RESULT, "scope"));
-    // It reads dedup.processed alone.
-    crate::generations::refuse(FUNC_RESULT);
-    let query = "SELECT p.result, p.processed_at FROM dedup.processed AS p \
-                  WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
-                    AND p.lease_expires_at IS NULL";
+    // Every generation's table where generations are on (Citus has none). The list is as
+    // new as the caller's snapshot or newer (it is read now, with the epoch of now), so a
+    // claim this snapshot sees is in one of these tables.
+    let tables = if citus::routes_claims() {
+        vec!["dedup.processed".to_string()]
+    } else {
+        claim_tables(FUNC_RESULT)
+    };
     let args = [DatumWithOid::from(job_id), DatumWithOid::from(scope)];
     let read = || {
         Spi::connect(|c| {
             let mut rows = Vec::new();
-            for row in c.select(query, None, &args)? {
-                rows.push((row.get::<JsonB>(1)?, row.get(2)?));
+            for table in &tables {
+                let query = format!(
+                    "SELECT p.result, p.processed_at FROM {table} AS p \
+                      WHERE p.job_id OPERATOR(pg_catalog.=) $1 AND p.scope OPERATOR(pg_catalog.=) $2 \
+                        AND p.lease_expires_at IS NULL"
+                );
+                for row in c.select(&query, None, &args)? {
+                    rows.push((row.get::<JsonB>(1)?, row.get(2)?));
+                }
             }
             Ok::<_, pgrx::spi::Error>(rows)
         })
@@ -158,6 +202,6 @@ pub(crate) fn claim_result_row(
     } else {
         read()
     }
-    .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: reading dedup.processed failed: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("dedup.claim_result: reading the claim tables failed: {e}"));
     TableIterator::new(rows)
 }

@@ -121,6 +121,35 @@ pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
     (epoch, loaded)
 }
 
+/// The tables of this database's generations, newest first (`dedup.processed_<n>`, and
+/// `dedup.processed` for generation 0 while it is not retired), each opened with
+/// AccessShareLock and checked to be the table its row names ([`open`]); the lock is kept
+/// to the end of the transaction, so none is dropped under a read that follows. A
+/// generation dropped since the list was read is left out: it had been retired, its claims
+/// expired. None: the database does not use generations.
+///
+/// # Safety
+///
+/// As for [`list`].
+pub(crate) unsafe fn tables(func: &str) -> Option<Vec<String>> {
+    let (_, list) = list(func);
+    let list = list?;
+    let mut tables = Vec::new();
+    for g in std::iter::once(&list.current).chain(list.others.iter()) {
+        // SAFETY: the contract of this function; the relation is closed at once, its lock
+        // kept (NoLock) to the end of the transaction.
+        if let Some(rel) = open(*g, pg_sys::AccessShareLock as _, func) {
+            pg_sys::table_close(rel, pg_sys::NoLock as _);
+            tables.push(if g.n == 0 {
+                "dedup.processed".to_string()
+            } else {
+                format!("dedup.processed_{}", g.n)
+            });
+        }
+    }
+    Some(tables)
+}
+
 /// Forget this backend's copy (a reload at the next claim).
 pub(crate) fn forget() {
     // SAFETY: as in list().

@@ -1367,10 +1367,11 @@ pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -
     )
 }
 
-/// In a database that uses generations, the lease, result and forget functions refuse with
-/// 0A000 and say why (slice 1); `try_claim` works; in another database of the same server,
-/// without generations, they work as before.
-pub async fn leases_results_and_forget_refuse_with_generations(_ctx: Ctx) -> Result<()> {
+/// In a database that uses generations, the lease and forget functions refuse with 0A000
+/// and say why (stored results work: `results_are_stored_and_read_in_every_generation`);
+/// `try_claim` works; in another database of the same server, without generations, they
+/// work as before.
+pub async fn leases_and_forget_refuse_with_generations(_ctx: Ctx) -> Result<()> {
     let (cluster, dsn) = server(preloaded("gen-leases")).await?;
     cluster.create_db_with_extension("without")?;
     let a = admin(&dsn).await?;
@@ -1382,8 +1383,6 @@ pub async fn leases_results_and_forget_refuse_with_generations(_ctx: Ctx) -> Res
         "SELECT dedup.complete('l-1', gen_random_uuid())",
         "SELECT dedup.extend_lease('l-1', gen_random_uuid())",
         "SELECT dedup.release_lease('l-1', gen_random_uuid())",
-        "SELECT dedup.try_claim('r-1'); SELECT dedup.set_result('r-1', '{\"ok\": true}')",
-        "SELECT * FROM dedup.claim_result('l-1')",
         "SELECT dedup.forget('l-1')",
         "SELECT dedup.forget(42::bigint)",
         "SELECT dedup.forget('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
@@ -1411,6 +1410,113 @@ pub async fn leases_results_and_forget_refuse_with_generations(_ctx: Ctx) -> Res
         one::<i64>(&w, "SELECT count(*) FROM dedup.claim_result('l-1')").await?,
         0,
         "claim_result of a leased job there",
+    )
+}
+
+/// Stored results work with generations: `set_result` stores the result in the generation
+/// this transaction's claim went into, also after a publication committed while the
+/// transaction was open (its generation is sealing then), and `claim_result` finds a
+/// result in every generation: generation 0 (`dedup.processed`, claimed before
+/// `use_generations()`), a sealed one and the current one, for a role that is not a
+/// superuser too. `set_result` for a job this transaction did not claim is still `55000`.
+pub async fn results_are_stored_and_read_in_every_generation(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-results")).await?;
+    let a = admin(&dsn).await?;
+    a.batch_execute("CREATE ROLE plain LOGIN").await?;
+    let c = claimer(&dsn).await?;
+    let plain = claimer(&format!("{dsn} user=plain")).await?;
+    let store = |job: &str, n: i32| {
+        format!(
+            "BEGIN; SELECT dedup.try_claim('{job}'); \
+             SELECT dedup.set_result('{job}', '{{\"n\": {n}}}'); COMMIT"
+        )
+    };
+    c.batch_execute(&store("r-0", 0)).await?;
+    use_generations(&a).await?;
+    c.batch_execute(&store("r-1", 1)).await?;
+    ensure_eq(
+        held_in(&a, "r-1", "default").await?,
+        vec![1],
+        "where r-1 went",
+    )?;
+
+    // A claim in generation 1 whose transaction is open while generation 2 is published:
+    // its result is stored after the publication, in generation 1.
+    c.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&c, "SELECT dedup.try_claim('r-open')").await?,
+        true,
+        "r-open claimed in generation 1",
+    )?;
+    let two = publish(&a).await?;
+    c.batch_execute("SELECT dedup.set_result('r-open', '{\"n\": 10}'); COMMIT")
+        .await?;
+    ensure_eq(
+        held_in(&a, "r-open", "default").await?,
+        vec![1],
+        "where r-open went",
+    )?;
+    settle(&a).await?;
+    c.batch_execute(&store("r-2", 2)).await?;
+    ensure_eq(
+        held_in(&a, "r-2", "default").await?,
+        vec![two],
+        "where r-2 went",
+    )?;
+
+    for (who, conn) in [
+        ("a superuser", &c),
+        ("a role that is not a superuser", &plain),
+    ] {
+        for (job, n) in [("r-0", 0), ("r-1", 1), ("r-open", 10), ("r-2", 2)] {
+            let got: Vec<String> = conn
+                .query(
+                    &format!("SELECT result::text FROM dedup.claim_result('{job}')"),
+                    &[],
+                )
+                .await
+                .with_context(|| format!("claim_result('{job}') by {who}"))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            ensure_eq(
+                got,
+                vec![format!("{{\"n\": {n}}}")],
+                &format!("claim_result('{job}') by {who}"),
+            )?;
+        }
+    }
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM dedup.claim_result('never-claimed')",
+        )
+        .await?,
+        0,
+        "claim_result of a job never claimed",
+    )?;
+
+    // A copy of a job claimed in generation 1 reads its result the usual way.
+    c.batch_execute("BEGIN").await?;
+    ensure_eq(
+        claim(&c, "SELECT dedup.try_claim('r-1')").await?,
+        false,
+        "a copy of r-1",
+    )?;
+    c.batch_execute("COMMIT").await?;
+    // Not this transaction's claim: refused as without generations.
+    c.batch_execute("BEGIN").await?;
+    let (code, message) = error_of(&c, "SELECT dedup.set_result('r-1', '{\"n\": 99}')").await?;
+    c.batch_execute("ROLLBACK").await?;
+    ensure_eq(
+        code.as_str(),
+        "55000",
+        &format!("set_result of a job claimed by another transaction: {message}"),
+    )?;
+    ensure_eq(
+        one::<String>(&c, "SELECT result::text FROM dedup.claim_result('r-1')").await?,
+        "{\"n\": 1}".to_string(),
+        "r-1's result after the refusal",
     )
 }
 
