@@ -17,6 +17,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'rotate_generations_wrapper';
+CREATE  FUNCTION "_claim_tables"(
+	"func" TEXT,
+	"job_id" TEXT,
+	"scope" TEXT
+) RETURNS TEXT[]
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'claim_tables_sql_wrapper';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -87,6 +95,11 @@ REVOKE ALL ON FUNCTION dedup.claims() FROM PUBLIC;
 COMMENT ON FUNCTION dedup.claims() IS
 'Every claim of this database, in every generation not retired (dedup.generations), in the order of the generations; dedup.processed alone where generations are not used. Not granted to PUBLIC.';
 
+-- The tables a claim may be in, for dedup.forget (src/lease.rs): an internal function.
+REVOKE ALL ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+COMMENT ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+'Internal: the checks of a claim function, then the tables a claim of the job may be in (every generation, newest first, each locked in share mode; dedup.processed where generations are not used). Not granted to PUBLIC.';
+
 -- The library's functions of the generations (src/generations/rotate.rs): a superuser's
 -- only (each checks it too, 42501).
 REVOKE ALL ON FUNCTION dedup.use_generations() FROM PUBLIC;
@@ -95,3 +108,45 @@ COMMENT ON FUNCTION dedup.use_generations() IS
 REVOKE ALL ON FUNCTION dedup.rotate_generations(pg_catalog.bool) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 'One step of the rotation that is due in this database (the worker''s step, by hand), or with publish => true a new generation published now; returns what it did. Superusers only.';
+
+-- dedup.forget finds the claim in every generation (dedup._claim_tables).
+-- Remove a done claim so the job can run again. Refuses a lease that is running.
+CREATE OR REPLACE FUNCTION dedup.forget(job_id pg_catalog.text, scope pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held    dedup.processed;
+    removed boolean := false;
+    tbl     text;
+BEGIN
+    -- The checks of every claim function, then the tables the claim may be in: every
+    -- generation, newest first, where the database uses them (each locked in share mode,
+    -- so none is dropped under us); dedup.processed alone otherwise. A key is in one.
+    FOREACH tbl IN ARRAY dedup._claim_tables('dedup.forget', job_id, scope) LOOP
+        -- Locked until we commit: a concurrent claim of the job waits for the forget.
+        EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+           INTO held USING job_id, scope;
+        removed := held.job_id IS NOT NULL;
+        EXIT WHEN removed;
+    END LOOP;
+    IF removed AND held.lease_expires_at IS NOT NULL AND held.lease_expires_at >= clock_timestamp() THEN
+        PERFORM dedup._raise('55006',
+            format('dedup.forget: job %L in scope %L is leased until %s: its effect may be running',
+                   job_id, scope, held.lease_expires_at),
+            'Forget it once the lease has ended (dedup.lease says busy until then), or after its holder '
+            'released it (dedup.release_lease) or completed it (dedup.complete).');
+    END IF;
+    IF removed THEN
+        EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+          USING job_id, scope;
+    END IF;
+    INSERT INTO dedup.forgotten (scope, job_id, forgotten_at, forgotten_by, removed, claimed_at)
+    VALUES (scope, job_id, now(), dedup._caller(), removed, held.processed_at);
+    RETURN removed;
+END
+$$;
+REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+COMMENT ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) IS
+'Remove the claim of a done job so that it runs again (after a bug fix); refuses a running lease (55006). Returns whether a claim was removed; every call leaves a row in dedup.forgotten. Not granted to PUBLIC.';

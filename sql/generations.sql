@@ -78,6 +78,11 @@ REVOKE ALL ON FUNCTION dedup.claims() FROM PUBLIC;
 COMMENT ON FUNCTION dedup.claims() IS
 'Every claim of this database, in every generation not retired (dedup.generations), in the order of the generations; dedup.processed alone where generations are not used. Not granted to PUBLIC.';
 
+-- The tables a claim may be in, for dedup.forget (src/lease.rs): an internal function.
+REVOKE ALL ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+COMMENT ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
+'Internal: the checks of a claim function, then the tables a claim of the job may be in (every generation, newest first, each locked in share mode; dedup.processed where generations are not used). Not granted to PUBLIC.';
+
 -- The library's functions of the generations (src/generations/rotate.rs): a superuser's
 -- only (each checks it too, 42501).
 REVOKE ALL ON FUNCTION dedup.use_generations() FROM PUBLIC;

@@ -228,14 +228,19 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     held    dedup.processed;
-    removed boolean;
+    removed boolean := false;
+    tbl     text;
 BEGIN
-    PERFORM dedup._check_claim('dedup.forget', job_id, scope, NULL);
-    -- Locked until we commit: a concurrent claim of the job waits for the forget.
-    SELECT * INTO held FROM dedup.processed AS p
-     WHERE p.job_id = forget.job_id AND p.scope = forget.scope
-       FOR UPDATE;
-    removed := FOUND;
+    -- The checks of every claim function, then the tables the claim may be in: every
+    -- generation, newest first, where the database uses them (each locked in share mode,
+    -- so none is dropped under us); dedup.processed alone otherwise. A key is in one.
+    FOREACH tbl IN ARRAY dedup._claim_tables('dedup.forget', job_id, scope) LOOP
+        -- Locked until we commit: a concurrent claim of the job waits for the forget.
+        EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+           INTO held USING job_id, scope;
+        removed := held.job_id IS NOT NULL;
+        EXIT WHEN removed;
+    END LOOP;
     IF removed AND held.lease_expires_at IS NOT NULL AND held.lease_expires_at >= clock_timestamp() THEN
         PERFORM dedup._raise('55006',
             format('dedup.forget: job %L in scope %L is leased until %s: its effect may be running',
@@ -244,7 +249,8 @@ BEGIN
             'released it (dedup.release_lease) or completed it (dedup.complete).');
     END IF;
     IF removed THEN
-        DELETE FROM dedup.processed AS p WHERE p.job_id = forget.job_id AND p.scope = forget.scope;
+        EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+          USING job_id, scope;
     END IF;
     INSERT INTO dedup.forgotten (scope, job_id, forgotten_at, forgotten_by, removed, claimed_at)
     VALUES (scope, job_id, now(), dedup._caller(), removed, held.processed_at);

@@ -467,9 +467,9 @@ pub fn generations_refuse(func: &str) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         format!("{func} is not available yet in a database that uses generations"),
-        "Leases and forget come to generations in a later version (issue 26, slice 3); claim \
-         with dedup.try_claim or dedup.try_claim_many (dedup.set_result and \
-         dedup.claim_result work with generations).",
+        "Leases come to generations in a later version (issue 26, slice 3); claim with \
+         dedup.try_claim or dedup.try_claim_many (dedup.set_result, dedup.claim_result and \
+         dedup.forget work with generations).",
     )
 }
 

@@ -35,6 +35,17 @@ fn check_claim(
     crate::generations::refuse(func);
 }
 
+/// `dedup._claim_tables(func, job_id, scope)`: the checks of `dedup._check_claim` but the
+/// refusal where generations are on, then the tables a claim of the job may be in, newest
+/// generation first (each locked in share mode to the end of the transaction), or
+/// `{dedup.processed}` where generations are not used: `dedup.forget`'s.
+#[pg_extern(name = "_claim_tables", volatile, parallel_unsafe)]
+fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str>) -> Vec<String> {
+    let func = func.unwrap_or_else(|| error::null_argument("dedup._claim_tables", "func"));
+    check_result_claim(func, job_id, scope);
+    claim_tables(func)
+}
+
 /// The checks of [`check_claim`] but the refusal where generations are on: `set_result`'s.
 fn check_result_claim(func: &str, job_id: Option<&str>, scope: Option<&str>) {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));

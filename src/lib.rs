@@ -85,7 +85,8 @@ extension_sql_file!(
     requires = [
         "offsets",
         generations::rotate::use_generations,
-        generations::rotate::rotate_generations
+        generations::rotate::rotate_generations,
+        lease::claim_tables_sql
     ]
 );
 

@@ -40,3 +40,15 @@ BEGIN
     RETURN dedup._portable_no_generations('dedup.rotate_generations');
 END
 $$;
+
+-- The tables a claim may be in, for dedup.forget: dedup.processed alone (no generations
+-- here), after the checks of every claim function.
+CREATE FUNCTION dedup._claim_tables(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text)
+RETURNS pg_catalog.text[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+    PERFORM dedup._check_claim(func, job_id, scope, NULL);
+    RETURN ARRAY['dedup.processed'];
+END
+$$;

@@ -7,7 +7,11 @@
 -- The library's new functions.
 --@ create library dedup.use_generations
 --@ create library dedup.rotate_generations
+--@ create library dedup._claim_tables
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
 --@ create generations.sql *
+
+-- dedup.forget finds the claim in every generation (dedup._claim_tables).
+--@ replace retention.sql dedup.forget(text, text)

@@ -1367,11 +1367,12 @@ pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -
     )
 }
 
-/// In a database that uses generations, the lease and forget functions refuse with 0A000
-/// and say why (stored results work: `results_are_stored_and_read_in_every_generation`);
+/// In a database that uses generations, the lease functions refuse with 0A000 and say why
+/// (stored results and forget work: `results_are_stored_and_read_in_every_generation`,
+/// `forget_removes_a_claim_in_any_generation`);
 /// `try_claim` works; in another database of the same server, without generations, they
 /// work as before.
-pub async fn leases_and_forget_refuse_with_generations(_ctx: Ctx) -> Result<()> {
+pub async fn leases_refuse_with_generations(_ctx: Ctx) -> Result<()> {
     let (cluster, dsn) = server(preloaded("gen-leases")).await?;
     cluster.create_db_with_extension("without")?;
     let a = admin(&dsn).await?;
@@ -1383,9 +1384,6 @@ pub async fn leases_and_forget_refuse_with_generations(_ctx: Ctx) -> Result<()> 
         "SELECT dedup.complete('l-1', gen_random_uuid())",
         "SELECT dedup.extend_lease('l-1', gen_random_uuid())",
         "SELECT dedup.release_lease('l-1', gen_random_uuid())",
-        "SELECT dedup.forget('l-1')",
-        "SELECT dedup.forget(42::bigint)",
-        "SELECT dedup.forget('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
     ] {
         c.batch_execute("BEGIN").await?;
         let (code, message) = error_of(&c, sql).await?;
@@ -1517,6 +1515,132 @@ pub async fn results_are_stored_and_read_in_every_generation(_ctx: Ctx) -> Resul
         one::<String>(&c, "SELECT result::text FROM dedup.claim_result('r-1')").await?,
         "{\"n\": 1}".to_string(),
         "r-1's result after the refusal",
+    )
+}
+
+/// `dedup.forget` works in a database that uses generations: it removes a claim from the
+/// generation that holds it (generation 0, a sealed one, the current one; text, bigint and
+/// uuid ids), writes its audit row with the claim's time, and the job is claimed again
+/// afterwards, in the current generation; a job never claimed is `false`. A copy claimed
+/// while a forget of its job in a sealed generation is in flight waits for the forget: it
+/// is a claim once the forget commits, and a duplicate if it rolls back.
+pub async fn forget_removes_a_claim_in_any_generation(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-forget")).await?;
+    let a = admin(&dsn).await?;
+    let c = claimer(&dsn).await?;
+    for job in ["f-0", "f-wait-commit"] {
+        claim_tx(&c, &format!("SELECT dedup.try_claim('{job}')")).await?;
+    }
+    use_generations(&a).await?;
+    for sql in [
+        "SELECT dedup.try_claim('f-1')",
+        "SELECT dedup.try_claim('f-wait-rollback')",
+        "SELECT dedup.try_claim(42::bigint)",
+    ] {
+        ensure_eq(claim_tx(&c, sql).await?, true, sql)?;
+    }
+    settle(&a).await?;
+    let two = publish(&a).await?;
+    settle(&a).await?;
+    for sql in [
+        "SELECT dedup.try_claim('f-2')",
+        "SELECT dedup.try_claim('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
+    ] {
+        ensure_eq(claim_tx(&c, sql).await?, true, sql)?;
+    }
+    ensure_eq(
+        state(&a, 1).await?.as_deref(),
+        Some("sealed"),
+        "generation 1",
+    )?;
+
+    for (job, forget, held) in [
+        ("f-0", "SELECT dedup.forget('f-0')", 0),
+        ("f-1", "SELECT dedup.forget('f-1')", 1),
+        ("42", "SELECT dedup.forget(42::bigint)", 1),
+        ("f-2", "SELECT dedup.forget('f-2')", two),
+        (
+            "6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d",
+            "SELECT dedup.forget('6f1e0c3a-5b0d-4a53-9c8e-0d1f2a3b4c5d'::uuid)",
+            two,
+        ),
+    ] {
+        ensure_eq(
+            held_in(&a, job, "default").await?,
+            vec![held],
+            &format!("where {job} is"),
+        )?;
+        ensure_eq(one::<bool>(&a, forget).await?, true, forget)?;
+        ensure_eq(
+            held_in(&a, job, "default").await?,
+            Vec::<i32>::new(),
+            &format!("where {job} is after its forget"),
+        )?;
+        ensure_eq(
+            one::<bool>(
+                &a,
+                &format!(
+                    "SELECT removed AND claimed_at IS NOT NULL FROM dedup.forgotten \
+                      WHERE job_id = '{job}' ORDER BY forgotten_at DESC LIMIT 1"
+                ),
+            )
+            .await?,
+            true,
+            &format!("the audit row of {job}'s forget"),
+        )?;
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
+            true,
+            &format!("{job} claimed again after its forget"),
+        )?;
+        ensure_eq(
+            held_in(&a, job, "default").await?,
+            vec![two],
+            &format!("where {job} went"),
+        )?;
+    }
+    ensure_eq(
+        one::<bool>(&a, "SELECT dedup.forget('never-claimed')").await?,
+        false,
+        "forget of a job never claimed",
+    )?;
+
+    // A copy claimed while a forget of its job is in flight waits for it.
+    for (job, end, want) in [
+        ("f-wait-commit", "COMMIT", true),
+        ("f-wait-rollback", "ROLLBACK", false),
+    ] {
+        let f = admin(&dsn).await?;
+        f.batch_execute("BEGIN").await?;
+        ensure_eq(
+            one::<bool>(&f, &format!("SELECT dedup.forget('{job}')")).await?,
+            true,
+            &format!("the forget of {job}, open"),
+        )?;
+        let b = claimer(&dsn).await?;
+        let b_pid = b.pid;
+        let sql = format!("SELECT dedup.try_claim('{job}')");
+        let copy = tokio::spawn(async move {
+            let r = claim_tx(&b, &sql).await;
+            (b, r)
+        });
+        wait_until_blocked(&a, b_pid).await?;
+        f.batch_execute(end).await?;
+        let (_b, got) = tokio::time::timeout(Duration::from_secs(30), copy)
+            .await
+            .with_context(|| {
+                format!("the copy of {job} still waiting 30 s after the forget's {end}")
+            })??;
+        ensure_eq(
+            got?,
+            want,
+            &format!("the copy of {job} after the forget's {end}"),
+        )?;
+    }
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
     )
 }
 
