@@ -30,8 +30,8 @@ fn check_claim(
     if citus::route() == citus::Route::WorkerLocal {
         error::worker_not_distributed(func);
     }
-    // Leases and forget read and write dedup.processed alone (stored results do not call
-    // this: set_result looks in every generation).
+    // The lease functions read and write dedup.processed alone (stored results and forget
+    // do not call this: they look in every generation, dedup._claim_tables).
     crate::generations::refuse(func);
 }
 

@@ -332,7 +332,7 @@ pub(crate) fn publishing_now() -> bool {
 /// (database, 'dedu', 1) whose fourth field is 4. `pg_advisory_lock` and its kin only ever
 /// make tags with 1 (one bigint key) or 2 (two integer keys) there, and the prune lock
 /// (prune/pass.rs) has 3: no SQL can take this lock or wait for it, but through dedup's
-/// functions (publishers exclusive; the lease, result and `forget` functions in share mode,
+/// functions (publishers exclusive; the lease functions in share mode,
 /// [`hold_off_publishing`]). `pg_locks` shows it as `advisory` with classid 1684366453,
 /// objid 1, objsubid 4.
 fn lock_tag(db: u32) -> pg_sys::LOCKTAG {
@@ -382,7 +382,7 @@ unsafe fn lock_for_transaction(db: u32, mode: u32) {
     pg_sys::LockAcquire(&tag, mode as pg_sys::LOCKMODE, false, false);
 }
 
-/// Called by the lease, result and `forget` functions in a database that does not use
+/// Called by the lease functions in a database that does not use
 /// generations, before they read or write `dedup.processed`: the publishing lock in share
 /// mode, held until the transaction ends. Leases do not conflict with each other; a
 /// `use_generations()` (exclusive) waits for every transaction that took it, and they wait

@@ -167,8 +167,9 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
     list(func).1.is_some()
 }
 
-/// Refuse `func` in a database that uses generations: leases, stored results and `forget`
-/// read `dedup.processed` alone (issue 26, slice 3 moves them).
+/// Refuse `func` in a database that uses generations: the lease functions read and write
+/// `dedup.processed` alone (issue 26, slice 3 moves them). Stored results and `forget` do
+/// not call this: they look in every generation ([`tables`]).
 ///
 /// Otherwise hold off `use_generations()` until this transaction ends, and look again: a
 /// `use_generations()` that committed after the first look (the lock waited for it) would

@@ -62,8 +62,8 @@ pub(crate) fn use_generations() -> String {
     if rows > 0 {
         error::generations_already(F);
     }
-    // The publishing lock waited for every transaction that called a lease, result or
-    // forget function (they hold it in share mode: generations::refuse), so every lease in
+    // The publishing lock waited for every transaction that called a lease function (they
+    // hold it in share mode: generations::refuse), so every lease in
     // dedup.processed has committed or is gone. An unfinished one (running, or expired and
     // not taken over) could neither be completed nor taken over once its functions refuse:
     // its holder finishes or releases it first.
