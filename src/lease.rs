@@ -19,17 +19,7 @@ fn check_claim(
     fingerprint: Option<&str>,
 ) {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._check_claim", "func"));
-    let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
-    error::check_length(func, || "job_id", job_id, error::MAX_JOB_ID_BYTES);
-    let scope = scope.unwrap_or_else(|| error::null_argument(func, "scope"));
-    claim::check_scope(func, scope);
-    if let Some(fp) = fingerprint {
-        claim::check_fingerprint(func, fp);
-    }
-    claim::check_writable(func);
-    if citus::route() == citus::Route::WorkerLocal {
-        error::worker_not_distributed(func);
-    }
+    check_args(func, job_id, scope, fingerprint);
     // The lease functions read and write dedup.processed alone (stored results and forget
     // do not call this: they look in every generation, dedup._claim_tables).
     crate::generations::refuse(func);
@@ -42,16 +32,20 @@ fn check_claim(
 #[pg_extern(name = "_claim_tables", volatile, parallel_unsafe)]
 fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str>) -> Vec<String> {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._claim_tables", "func"));
-    check_result_claim(func, job_id, scope);
+    check_args(func, job_id, scope, None);
     claim_tables(func)
 }
 
-/// The checks of [`check_claim`] but the refusal where generations are on: `set_result`'s.
-fn check_result_claim(func: &str, job_id: Option<&str>, scope: Option<&str>) {
+/// The checks of [`check_claim`] but the refusal where generations are on; also
+/// `set_result`'s and `_claim_tables`'s, which look in every generation.
+fn check_args(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint: Option<&str>) {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
     error::check_length(func, || "job_id", job_id, error::MAX_JOB_ID_BYTES);
     let scope = scope.unwrap_or_else(|| error::null_argument(func, "scope"));
     claim::check_scope(func, scope);
+    if let Some(fp) = fingerprint {
+        claim::check_fingerprint(func, fp);
+    }
     claim::check_writable(func);
     if citus::route() == citus::Route::WorkerLocal {
         error::worker_not_distributed(func);
@@ -76,7 +70,7 @@ fn set_result(
     scope: default!(Option<&str>, "'default'"),
 ) {
     const F: &str = "dedup.set_result";
-    check_result_claim(F, job_id, scope);
+    check_args(F, job_id, scope, None);
     let args = [
         DatumWithOid::from(job_id),
         DatumWithOid::from(scope),

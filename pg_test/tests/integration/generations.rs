@@ -94,7 +94,7 @@ async fn error_of(c: &Conn, sql: &str) -> Result<(String, String)> {
 }
 
 /// `sql` (one boolean) in a transaction of its own, committed.
-async fn claim_tx(c: &Conn, sql: &str) -> Result<bool> {
+pub(crate) async fn claim_tx(c: &Conn, sql: &str) -> Result<bool> {
     c.batch_execute("BEGIN").await?;
     match claim(c, sql).await {
         Ok(v) => {

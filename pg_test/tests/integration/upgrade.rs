@@ -372,10 +372,7 @@ const GENERATIONS: &[&str] = &[
 
 /// A claim of `job` in a transaction of its own.
 async fn claim_one(c: &dedup_pg_test::Conn, job: &str) -> Result<bool> {
-    c.batch_execute("BEGIN").await?;
-    let got = claim(c, &format!("SELECT dedup.try_claim('{job}')")).await?;
-    c.batch_execute("COMMIT").await?;
-    Ok(got)
+    crate::generations::claim_tx(c, &format!("SELECT dedup.try_claim('{job}')")).await
 }
 
 /// Turns generations on in the database of `dsn` on the old server (which preloads dedup),
