@@ -140,14 +140,20 @@ pub(crate) unsafe fn tables(func: &str) -> Option<Vec<String>> {
         // kept (NoLock) to the end of the transaction.
         if let Some(rel) = open(*g, pg_sys::AccessShareLock as _, func) {
             pg_sys::table_close(rel, pg_sys::NoLock as _);
-            tables.push(if g.n == 0 {
-                "dedup.processed".to_string()
-            } else {
-                format!("dedup.processed_{}", g.n)
-            });
+            tables.push(format!("dedup.{}", relname_of(g.n)));
         }
     }
     Some(tables)
+}
+
+/// The table name of generation `n` in the schema dedup: `processed` for generation 0,
+/// `processed_<n>` for the others.
+pub(crate) fn relname_of(n: i32) -> String {
+    if n == 0 {
+        "processed".to_string()
+    } else {
+        format!("processed_{n}")
+    }
 }
 
 /// Forget this backend's copy (a reload at the next claim).
@@ -418,11 +424,7 @@ pub(crate) unsafe fn open(
     }
     let form = (*rel).rd_rel;
     let name = std::ffi::CStr::from_ptr((*form).relname.data.as_ptr());
-    let expected = if g.n == 0 {
-        "processed".to_string()
-    } else {
-        format!("processed_{}", g.n)
-    };
+    let expected = relname_of(g.n);
     let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
     if (*form).relnamespace != nsp || name.to_bytes() != expected.as_bytes() {
         pg_sys::table_close(rel, mode);

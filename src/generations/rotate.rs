@@ -329,15 +329,6 @@ impl Row {
     }
 }
 
-/// The table name of generation `n`.
-fn relname_of(n: i32) -> String {
-    if n == 0 {
-        "processed".to_string()
-    } else {
-        format!("processed_{n}")
-    }
-}
-
 /// Operators written OPERATOR() all bind alike, left to right: hence the parentheses.
 const ROWS: &str =
     "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
@@ -385,12 +376,12 @@ fn load(fresh: bool, retention: &Retention) -> Vec<Row> {
     .unwrap_or_else(|e| pgrx::error!("dedup: reading dedup.generations failed: {e}"));
     // The names go into DDL: only the ones this module gives.
     for row in &rows {
-        if row.relname != relname_of(row.n) {
+        if row.relname != super::relname_of(row.n) {
             pgrx::error!(
                 "dedup: generation {} of dedup.generations is named {:?}, not {}",
                 row.n,
                 row.relname,
-                relname_of(row.n)
+                super::relname_of(row.n)
             );
         }
     }
@@ -508,7 +499,7 @@ fn publish_next(rows: &[Row]) -> String {
         .max()
         .and_then(|m| m.checked_add(1))
         .unwrap_or_else(|| pgrx::error!("dedup: no generation number is left"));
-    let relname = relname_of(n);
+    let relname = super::relname_of(n);
     let relid = create_generation(&relname);
     change_row(
         "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
