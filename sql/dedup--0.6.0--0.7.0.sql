@@ -25,6 +25,18 @@ CREATE  FUNCTION "_claim_tables"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'claim_tables_sql_wrapper';
+CREATE  FUNCTION "generation_summaries"() RETURNS TABLE (
+	"generation" INT,
+	"relid" oid,
+	"summarised" bool,
+	"keys" bigint,
+	"bytes" bigint,
+	"false_positive_rate" double precision,
+	"built_at" timestamp with time zone
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'generation_summaries_wrapper';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -108,6 +120,13 @@ COMMENT ON FUNCTION dedup.use_generations() IS
 REVOKE ALL ON FUNCTION dedup.rotate_generations(pg_catalog.bool) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 'One step of the rotation that is due in this database (the worker''s step, by hand), or with publish => true a new generation published now; returns what it did. Superusers only.';
+
+-- The summaries of the sealed generations (src/generations/summary.rs): monitoring, read by
+-- pg_monitor like dedup.expired_summaries().
+REVOKE ALL ON FUNCTION dedup.generation_summaries() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.generation_summaries() TO pg_monitor;
+COMMENT ON FUNCTION dedup.generation_summaries() IS
+'The sealed generations of this database and the Bloom filter that spares a new claim each one''s index probe (summarised false: none yet, or no room in dedup.generation_memory; a claim then probes it). Granted to pg_monitor.';
 
 -- dedup.forget finds the claim in every generation (dedup._claim_tables).
 -- Remove a done claim so the job can run again. Refuses a lease that is running.

@@ -91,3 +91,10 @@ COMMENT ON FUNCTION dedup.use_generations() IS
 REVOKE ALL ON FUNCTION dedup.rotate_generations(pg_catalog.bool) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 'One step of the rotation that is due in this database (the worker''s step, by hand), or with publish => true a new generation published now; returns what it did. Superusers only.';
+
+-- The summaries of the sealed generations (src/generations/summary.rs): monitoring, read by
+-- pg_monitor like dedup.expired_summaries().
+REVOKE ALL ON FUNCTION dedup.generation_summaries() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.generation_summaries() TO pg_monitor;
+COMMENT ON FUNCTION dedup.generation_summaries() IS
+'The sealed generations of this database and the Bloom filter that spares a new claim each one''s index probe (summarised false: none yet, or no room in dedup.generation_memory; a claim then probes it). Granted to pg_monitor.';

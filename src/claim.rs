@@ -381,26 +381,30 @@ unsafe fn insert_claims_from(
     // The other generations, each locked (AccessShareLock) before the epoch is read again:
     // the design's step 1, so that no lock is taken while a token is held, and a claimer
     // that locked the generation it inserts into after a seal wait listed its lockers sees
-    // the publication that came before (and starts over).
+    // the publication that came before (and starts over). But a sealed generation with a
+    // summary is not opened yet (`unopened`): only for a key its summary may hold, before
+    // that key's insert (see the loop).
     let mut others: Vec<crate::generations::Other> = Vec::new();
+    let mut unopened: Vec<(
+        crate::generations::Generation,
+        crate::generations::summary::Held,
+    )> = Vec::new();
     let mut restart = None;
     if let Some(list) = &gens {
         for g in &list.others {
-            let Some(heap) = crate::generations::open(*g, pg_sys::AccessShareLock as _, func)
-            else {
-                restart = Some(stale(func, epoch, start));
-                break;
-            };
-            let layout = check_layout(heap, func);
-            let index = pg_sys::index_open(compat::primary_key(heap), pg_sys::AccessShareLock as _);
-            let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-            others.push(crate::generations::Other {
-                heap,
-                index,
-                slot,
-                layout,
-                sealed: g.sealed,
-            });
+            if g.sealed {
+                if let Some(held) = crate::generations::summary::find(g.relid, g.n) {
+                    unopened.push((*g, held));
+                    continue;
+                }
+            }
+            match open_other(*g, None, func) {
+                Some(o) => others.push(o),
+                None => {
+                    restart = Some(stale(func, epoch, start));
+                    break;
+                }
+            }
         }
     }
     // The epoch read again after the locks (also with no list: use_generations() may have
@@ -431,7 +435,36 @@ unsafe fn insert_claims_from(
         // A batch of thousands can be cancelled between two of its claims.
         pg_sys::check_for_interrupts!();
         store_key(slot, rel, layout, scope_datum, now, job_id, fingerprint);
-        let check_first = !batch || i == start || conflicts;
+        let mut check_first = !batch || i == start || conflicts;
+        let key = if !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) {
+            crate::generations::summary::hash(scope, job_id)
+        } else {
+            0
+        };
+        // A sealed generation not opened yet whose summary may hold this key (a duplicate,
+        // or a false positive) is opened now, before this key's token, and looked in before
+        // the insert; once open it stays open for the call's later keys. A new key (the
+        // common case) opens none: no lock, no probe. Gone (dropped since the list was
+        // read, so retired before, which moved the epoch): start over from this key.
+        let mut j = 0;
+        while j < unopened.len() {
+            if unopened[j].1.absent(key) {
+                j += 1;
+                continue;
+            }
+            let (g, held) = unopened.swap_remove(j);
+            match open_other(g, Some(held), func) {
+                Some(o) => others.push(o),
+                None => {
+                    restart = Some(stale(func, epoch, i));
+                    break;
+                }
+            }
+            check_first = true;
+        }
+        if restart.is_some() {
+            break;
+        }
         let step = speculative_claim(
             func,
             rel,
@@ -445,6 +478,7 @@ unsafe fn insert_claims_from(
             Generations {
                 epoch,
                 others: &others,
+                key,
             },
             fingerprint,
             check_first,
@@ -486,6 +520,33 @@ unsafe fn insert_claims_from(
     next
 }
 
+/// Open generation `g` (not the current one) for a claim's look-ups: the table and its
+/// primary key with AccessShareLock, kept to the end of the transaction, a slot, its layout,
+/// and `summary`, its summary if it has one. None: the table is gone.
+///
+/// # Safety
+///
+/// In a transaction, in the executor state's memory context of [`insert_claims_from`],
+/// under pgrx's guard; the caller closes what is returned.
+unsafe fn open_other(
+    g: crate::generations::Generation,
+    summary: Option<crate::generations::summary::Held>,
+    func: &str,
+) -> Option<crate::generations::Other> {
+    let heap = crate::generations::open(g, pg_sys::AccessShareLock as _, func)?;
+    let layout = check_layout(heap, func);
+    let index = pg_sys::index_open(compat::primary_key(heap), pg_sys::AccessShareLock as _);
+    let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+    Some(crate::generations::Other {
+        heap,
+        index,
+        slot,
+        layout,
+        sealed: g.sealed,
+        summary,
+    })
+}
+
 /// A generation of the list is gone: if the epoch moved, the list is out of date, so start
 /// over from `start` with a new one; at the same epoch the catalog names a table that does
 /// not exist.
@@ -500,11 +561,20 @@ fn stale(func: &str, epoch: Option<u64>, start: usize) -> usize {
 }
 
 /// The generations a claim checks besides the one it inserts into: the epoch its list was
-/// read at (None: the database does not use generations) and the others, open.
+/// read at (None: the database does not use generations), the others, open, and the key's
+/// hash for their summaries (0 when none has one).
 #[derive(Clone, Copy)]
 struct Generations<'a> {
     epoch: Option<u64>,
     others: &'a [crate::generations::Other],
+    key: u64,
+}
+
+impl Generations<'_> {
+    /// Is the key certainly not in `o`, by its summary? (Only a sealed generation has one.)
+    fn absent(&self, o: &crate::generations::Other) -> bool {
+        o.summary.as_ref().is_some_and(|s| s.absent(self.key))
+    }
 }
 
 /// The executor objects one call of [`insert_claims`] makes once for all its keys.
@@ -662,7 +732,13 @@ unsafe fn speculative_claim(
                     // it.) One probe per sealed generation, not two; a batch's key that
                     // skipped the check before is looked up here. A generation still being
                     // sealed keeps both looks, the rule the model checks.
-                    for o in gens.others.iter().filter(|o| !(prechecked && o.sealed)) {
+                    // A sealed generation whose summary says the key is not there is not
+                    // looked at either (a batch's key that skipped the check before).
+                    for o in gens
+                        .others
+                        .iter()
+                        .filter(|o| !(prechecked && o.sealed || gens.absent(o)))
+                    {
                         let found = crate::generations::probe(o, job_datum, scope_datum);
                         if !matches!(found, crate::generations::Found::Clear) {
                             crossed = Some(Cross::Found(o, found));
@@ -738,6 +814,10 @@ unsafe fn precheck_others(
     fingerprint: Option<&str>,
 ) -> Option<Outcome> {
     for o in gens.others {
+        // The summary of a sealed generation: a new key (the common case) skips its probe.
+        if gens.absent(o) {
+            continue;
+        }
         loop {
             // SAFETY: the contract above: `o` is open, the datums live in the slot.
             match crate::generations::probe(o, job_datum, scope_datum) {

@@ -319,6 +319,20 @@ pub fn expired_memory_off(func: &str) {
     .report(PgLogLevel::WARNING);
 }
 
+/// `dedup.generation_summaries()` with `dedup.generation_memory = 0`.
+pub fn generation_memory_off(func: &str) {
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        format!("{func}: dedup.generation_memory is 0: sealed generations are not summarised"),
+        "dedup",
+    )
+    .set_detail("A claim probes the index of every sealed generation.")
+    .set_hint(
+        "Set dedup.generation_memory (16MB by default) in postgresql.conf and restart the server.",
+    )
+    .report(PgLogLevel::WARNING);
+}
+
 /// `dedup.processed` is a Citus table, but not one distributed by job_id.
 pub fn not_hash_distributed(partmethod: &str) -> ! {
     raise(

@@ -34,6 +34,10 @@ pub static STATS_MAX: GucSetting<i32> = GucSetting::<i32>::new(5000);
 /// `dedup.expired_memory`, kB: the shared memory of the summaries of pruned claims (0: none).
 pub static EXPIRED_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
 
+/// `dedup.generation_memory`, kB: the shared memory of the summaries of sealed generations
+/// (0: none).
+pub static GENERATION_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+
 /// `dedup.expired_lookback`, seconds: how long a pruned claim is remembered at least; -1:
 /// the longest retention in force in the database pruned last.
 pub static EXPIRED_LOOKBACK: GucSetting<i32> = GucSetting::<i32>::new(-1);
@@ -162,6 +166,7 @@ pub fn init() {
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         define_stats_max();
         define_expired_memory();
+        define_generation_memory();
     }
     GucRegistry::define_int_guc(
         c"dedup.expired_lookback",
@@ -216,6 +221,22 @@ fn define_stats_max() {
         1_000_000,
         GucContext::Postmaster,
         GucFlags::default(),
+    );
+}
+
+fn define_generation_memory() {
+    GucRegistry::define_int_guc(
+        c"dedup.generation_memory",
+        c"Shared memory for the summaries of sealed generations, which spare a new claim the index probe of each sealed generation (0: off).",
+        c"A Bloom filter of 10 bits per claim (a false-positive rate of about 1%) for each sealed \
+          generation of a database that uses generations. Size it at 1.25 bytes per claim in the \
+          sealed generations. A generation that does not fit is probed in its index. Needs \
+          shared_preload_libraries = 'dedup'.",
+        &GENERATION_MEMORY,
+        0,
+        1024 * 1024,
+        GucContext::Postmaster,
+        GucFlags::UNIT_KB,
     );
 }
 

@@ -86,6 +86,7 @@ extension_sql_file!(
         "offsets",
         generations::rotate::use_generations,
         generations::rotate::rotate_generations,
+        generations::summary::generation_summaries,
         lease::claim_tables_sql
     ]
 );

@@ -207,6 +207,7 @@ fn forget_dropped_databases() {
         Ok(gone) => {
             let n = stats::forget_databases(&gone);
             let lists = crate::expired::forget_databases(&gone);
+            crate::generations::summary::forget_databases(&gone);
             for db in &gone {
                 crate::generations::epoch::forget_database(*db);
             }

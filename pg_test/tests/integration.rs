@@ -146,6 +146,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::leases_refuse_with_generations,
     generations::forget_removes_a_claim_in_any_generation,
     generations::results_are_stored_and_read_in_every_generation,
+    generations::sealed_generations_are_summarised_and_no_summary_hides_a_claim,
     generations::use_generations_refuses_while_a_lease_is_unfinished,
     generations::a_lease_racing_use_generations_is_not_granted_twice,
     generations::dump_and_restore_keep_the_generations,

@@ -52,3 +52,21 @@ BEGIN
     RETURN ARRAY['dedup.processed'];
 END
 $$;
+
+-- The summaries of sealed generations live in the library's shared memory, and there are no
+-- generations here: no rows.
+CREATE FUNCTION dedup.generation_summaries()
+RETURNS TABLE (
+    generation          pg_catalog.int4,
+    relid               pg_catalog.oid,
+    summarised          pg_catalog.bool,
+    keys                pg_catalog.int8,
+    bytes               pg_catalog.int8,
+    false_positive_rate pg_catalog.float8,
+    built_at            pg_catalog.timestamptz)
+LANGUAGE plpgsql STRICT VOLATILE PARALLEL RESTRICTED
+AS $$
+BEGIN
+    RETURN;
+END
+$$;

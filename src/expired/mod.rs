@@ -312,7 +312,7 @@ fn job_hash(seed: u64, job_id: &str) -> u64 {
 /// what keeps a role from choosing job ids whose keys are another database's (the fold
 /// can be inverted). The summaries' file holds bits placed by it: a change to it is a new
 /// file format.
-fn fold(seed: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn fold(seed: u64, bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let step = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
     let mut h = step(seed, bytes.len() as u64);
@@ -368,7 +368,7 @@ mod unguarded {
 
 /// The block of `h` in a slot of `blocks` blocks, and the bit to set in each of its words.
 #[inline]
-fn place(h: u64, blocks: u64) -> (u64, [u64; BLOCK_WORDS]) {
+pub(crate) fn place(h: u64, blocks: u64) -> (u64, [u64; BLOCK_WORDS]) {
     let block = ((h >> 32) * blocks) >> 32;
     // The bits within the block from all of h, mixed again.
     let z = splitmix(h);

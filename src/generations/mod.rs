@@ -16,6 +16,7 @@ use std::rc::Rc;
 
 pub(crate) mod epoch;
 pub(crate) mod rotate;
+pub(crate) mod summary;
 
 /// A generation's state in `dedup.generations`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -313,14 +314,15 @@ pub(crate) enum Found {
 
 /// A generation other than the claim's, open for the claim's look-ups: the table and its
 /// primary key with AccessShareLock, a slot for its rows, the table's layout as
-/// `check_layout` found it when it was opened, and whether it was sealed (see
-/// [`Generation::sealed`]).
+/// `check_layout` found it when it was opened, whether it was sealed (see
+/// [`Generation::sealed`]), and its summary if it has one (`summary.rs`).
 pub(crate) struct Other {
     pub(crate) heap: pg_sys::Relation,
     pub(crate) index: pg_sys::Relation,
     pub(crate) slot: *mut pg_sys::TupleTableSlot,
     pub(crate) layout: crate::claim::Layout,
     pub(crate) sealed: bool,
+    pub(crate) summary: Option<summary::Held>,
 }
 
 /// Look for (job_id, scope) in `other` with a dirty snapshot, which sees rows of

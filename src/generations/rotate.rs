@@ -138,10 +138,11 @@ pub(crate) fn step(force_publish: bool) -> String {
     } else {
         &Kind::ALL
     };
-    let done: Vec<String> = kinds
+    let mut done: Vec<String> = kinds
         .iter()
         .filter_map(|kind| run(*kind, force_publish, &retention))
         .collect();
+    done.extend(summarise());
     if done.is_empty() {
         "nothing due".to_string()
     } else {
@@ -210,6 +211,43 @@ pub(crate) fn worker_pass(dbname: &str) {
     // the publication are normal, so a wait is logged at DEBUG1 here.
     if published {
         in_own_transaction(dbname, Kind::Seal, true);
+    }
+    match prune::in_transaction(summarise) {
+        Ok(said) => {
+            for line in said {
+                if line.starts_with("did not") {
+                    debug1!("dedup: database \"{dbname}\": {line}");
+                } else {
+                    log!("dedup: database \"{dbname}\": {line}");
+                }
+            }
+        }
+        Err(message) => warning!(
+            "dedup: the summaries of the generations of database \"{dbname}\" failed: {message}"
+        ),
+    }
+}
+
+/// Bring the summaries of this database's sealed generations up to date
+/// (`summary::sync`): what it did. In a transaction, after the seal waits of the generations
+/// the catalog (as of a snapshot taken now) calls sealed.
+pub(crate) fn summarise() -> Vec<String> {
+    // SAFETY: in a transaction, under pgrx's guard (the caller's #[pg_extern], or
+    // prune::in_transaction's PgTry).
+    unsafe {
+        let Some(list) = super::load("dedup.rotate_generations") else {
+            return Vec::new();
+        };
+        let sealed: Vec<super::summary::Sealed> = list
+            .others
+            .iter()
+            .filter(|g| g.sealed)
+            .map(|g| super::summary::Sealed {
+                n: g.n,
+                relid: g.relid,
+            })
+            .collect();
+        super::summary::sync(&sealed)
     }
 }
 

@@ -291,6 +291,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_request() {
     crate::expired::request();
     // The generations' epochs (src/generations/epoch.rs).
     crate::generations::epoch::request();
+    // The summaries of sealed generations (src/generations/summary.rs).
+    crate::generations::summary::request();
 }
 
 /// # Safety
@@ -385,6 +387,8 @@ pub(super) unsafe extern "C-unwind" fn shmem_startup() {
     let expired_new = crate::expired::attach();
     // SAFETY: AddinShmemInitLock is held, as generations::epoch::attach requires.
     crate::generations::epoch::attach();
+    // SAFETY: AddinShmemInitLock is held, as generations::summary::attach requires.
+    crate::generations::summary::attach();
     pg_sys::LWLockRelease(addin_lock);
     SHARED = shared;
     HASH = hash;

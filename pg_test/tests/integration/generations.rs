@@ -1518,6 +1518,155 @@ pub async fn results_are_stored_and_read_in_every_generation(_ctx: Ctx) -> Resul
     )
 }
 
+/// The summaries of sealed generations (`src/generations/summary.rs`): once a generation is
+/// sealed, `dedup.rotate_generations()` builds its Bloom filter, and a new claim skips the
+/// index probe of each generation whose filter says its key is not there. Every copy of a job
+/// claimed in a summarised generation (0 and 1 here, 3,000 jobs each, in two scopes) is still
+/// a duplicate, new jobs are claims, a job forgotten in a summarised generation (its key
+/// still in the filter) is claimed again, and a batch that inserts before it looks finds its
+/// duplicates too. With `dedup.generation_memory = 0` nothing is summarised, the function
+/// says why, and claims are the same.
+pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
+    _ctx: Ctx,
+) -> Result<()> {
+    for memory in ["16MB", "0"] {
+        let (_cluster, dsn) = server(
+            preloaded(&format!("gen-summaries-{memory}")).set("dedup.generation_memory", memory),
+        )
+        .await?;
+        let a = admin(&dsn).await?;
+        let c = claimer(&dsn).await?;
+        let claim_all = |prefix: &str, scope: &str| {
+            format!(
+                "SELECT count(*) FROM generate_series(1, 3000) g \
+                  WHERE dedup.try_claim('{prefix}' || g, '{scope}')"
+            )
+        };
+        for scope in ["default", "other"] {
+            ensure_eq(
+                one::<i64>(&c, &claim_all("s0-", scope)).await?,
+                3000,
+                "claims in generation 0",
+            )?;
+        }
+        use_generations(&a).await?;
+        for scope in ["default", "other"] {
+            ensure_eq(
+                one::<i64>(&c, &claim_all("s1-", scope)).await?,
+                3000,
+                "claims in generation 1",
+            )?;
+        }
+        publish(&a).await?;
+        settle(&a).await?;
+        let rows = a
+            .query(
+                "SELECT generation, summarised, keys, bytes, false_positive_rate \
+                   FROM dedup.generation_summaries() ORDER BY generation",
+                &[],
+            )
+            .await?;
+        let got: Vec<(i32, bool, Option<i64>)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        println!("  dedup.generation_memory = {memory}: {got:?}");
+        if memory == "0" {
+            ensure_eq(
+                got,
+                vec![(0, false, None), (1, false, None)],
+                "no summaries",
+            )?;
+        } else {
+            ensure_eq(
+                got,
+                vec![(0, true, Some(6000)), (1, true, Some(6000))],
+                "the summaries of generations 0 and 1",
+            )?;
+            for r in &rows {
+                let (bytes, fpr): (i64, f64) = (r.get(3), r.get(4));
+                // 10 bits a key: 7,500 bytes for 6,000 keys, rounded up to 64-byte blocks.
+                ensure_eq(bytes, 7552, "a summary's size")?;
+                if !(0.002..0.02).contains(&fpr) {
+                    bail!("a summary's false-positive rate is {fpr}, not about 1%");
+                }
+            }
+        }
+        for prefix in ["s0-", "s1-"] {
+            for scope in ["default", "other"] {
+                ensure_eq(
+                    one::<i64>(&c, &claim_all(prefix, scope)).await?,
+                    0,
+                    &format!("copies of {prefix}* in scope {scope} (memory {memory})"),
+                )?;
+                let batch: i64 = one(
+                    &c,
+                    &format!(
+                        "SELECT count(*) FROM dedup.try_claim_many(\
+                           ARRAY(SELECT '{prefix}' || g FROM generate_series(1, 3000) g), '{scope}')"
+                    ),
+                )
+                .await?;
+                ensure_eq(
+                    batch,
+                    0,
+                    &format!("a batch of copies of {prefix}* in scope {scope}"),
+                )?;
+            }
+        }
+        ensure_eq(claimable(&c, "new-", 3000).await?, 3000, "new jobs")?;
+        ensure_eq(
+            one::<i64>(&c, "SELECT count(*) FROM dedup.try_claim_many(ARRAY(SELECT 'newb-' || g FROM generate_series(1, 3000) g))").await?,
+            3000,
+            "a batch of new jobs",
+        )?;
+        // New jobs first, so the batch inserts its later keys before it looks: the
+        // copies at its end are found after their insert.
+        let mixed: Vec<String> = c
+            .query(
+                "SELECT * FROM dedup.try_claim_many(ARRAY(SELECT 'mix-' || g FROM generate_series(1, 100) g) || ARRAY['s0-5', 's1-9'])",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        ensure_eq(mixed.len(), 100, "a batch of new jobs and two copies")?;
+        if mixed.iter().any(|j| !j.starts_with("mix-")) {
+            bail!("a batch claimed a copy of a job claimed in a summarised generation: {mixed:?}");
+        }
+        for job in ["s0-7", "s1-7"] {
+            ensure_eq(
+                one::<bool>(&a, &format!("SELECT dedup.forget('{job}')")).await?,
+                true,
+                &format!("forget {job}"),
+            )?;
+            ensure_eq(
+                claim(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
+                true,
+                &format!("{job} claimed again after its forget"),
+            )?;
+            ensure_eq(
+                claim(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
+                false,
+                &format!("a copy of {job} after its new claim"),
+            )?;
+        }
+        a.take_notices();
+        a.batch_execute("SELECT count(*) FROM dedup.generation_summaries()")
+            .await?;
+        let warned = a.take_notices().iter().any(|n| {
+            n.severity() == "WARNING" && n.message().contains("dedup.generation_memory is 0")
+        });
+        ensure_eq(
+            warned,
+            memory == "0",
+            "the WARNING of generation_summaries()",
+        )?;
+    }
+    Ok(())
+}
+
 /// `dedup.forget` works in a database that uses generations: it removes a claim from the
 /// generation that holds it (generation 0, a sealed one, the current one; text, bigint and
 /// uuid ids), writes its audit row with the claim's time, and the job is claimed again

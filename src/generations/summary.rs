@@ -1,0 +1,550 @@
+//! Summaries of sealed generations (issue 26, slice 4; docs/design/generations.md, "Cheap on
+//! the claim path"): a split-block Bloom filter of the keys of each sealed generation, in
+//! shared memory, so that a new claim skips the index probe of every sealed generation whose
+//! filter says its key is certainly not there.
+//!
+//! **Why it is sound.** A sealed generation gains no row: its seal waited for every
+//! transaction that could insert into it (`rotate.rs`), and a claimer with an old list that
+//! still takes it for current starts over at its epoch check before inserting (the claim
+//! protocol). Its rows can only go (`forget`, generation 0's pruner). So a filter built from
+//! every row a snapshot taken after the seal wait sees holds every key the generation will
+//! ever hold: "not in the filter" means "not in the generation", and the probe it saves
+//! would have found nothing. A row deleted later stays in the filter, which then says
+//! "maybe" for it: one probe, not a wrong answer. A generation with no filter (not built yet,
+//! no room, after a restart or a promotion until the worker builds it) is probed: slower,
+//! never wrong.
+//!
+//! **The memory.** `dedup.generation_memory` (postmaster; 0: none) of blocks shared by at
+//! most [`SLOTS`] filters, plus their headers, asked for next to the epochs (so only with
+//! `shared_preload_libraries = 'dedup'`). A filter is sized at [`BITS_PER_KEY`] bits per key
+//! (a false-positive rate of about 1%) and placed at the first gap that fits; it is one
+//! range of 64-byte blocks, one cache line read per look-up (the layout and hash steps of
+//! `src/expired`). A generation that does not fit gets no filter.
+//!
+//! **Who writes.** Only [`sync`] (the worker after each pass, and
+//! `dedup.rotate_generations`): it frees the filters of its database's generations that are
+//! no longer sealed (retired, dropped, or another table under the same OID) and builds the
+//! missing ones. Writers take [`Area::busy`] with a compare-and-swap, never wait for it (a
+//! writer that finds it taken tries again at its next call), and hold it only while they
+//! copy bits already computed: no call that can raise an ERROR runs under it. A filter being
+//! written has an odd `seq` (a seqlock): a reader notes the even `seq` it matched, reads the
+//! bits with no lock, and trusts an "absent" only if `seq` is unchanged after the read, so a
+//! filter freed and rebuilt for another generation under a reader is never believed. A
+//! crash restart makes the memory anew: every filter is gone and is rebuilt by the worker.
+use crate::guc;
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::sync::atomic::{fence, AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+/// Filters at most: a few databases' sealed generations (a series has at most 4 sealed).
+pub const SLOTS: usize = 32;
+/// Bits per key a filter is sized at: a false-positive rate of about 1%.
+pub const BITS_PER_KEY: u64 = 10;
+const BLOCK_WORDS: usize = 8;
+const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
+
+/// One filter's header.
+#[repr(C)]
+struct Slot {
+    /// Odd while written; every write moves it by 2 in all.
+    seq: AtomicU64,
+    db: AtomicU32,
+    relid: AtomicU32,
+    n: AtomicU32,
+    /// Its first block in the shared bits.
+    offset: AtomicU64,
+    /// Its blocks; 0: the slot is free.
+    blocks: AtomicU64,
+    keys: AtomicU64,
+    built_at: AtomicI64,
+}
+
+#[repr(C)]
+struct Area {
+    /// The hash's seed, random at each start (a role cannot choose job ids whose keys
+    /// collide in every filter).
+    secret: u64,
+    /// The blocks of the shared bits.
+    blocks: u64,
+    /// 1 while a writer changes the slots.
+    busy: AtomicU32,
+    slots: [Slot; SLOTS],
+}
+
+static mut AREA: *mut Area = std::ptr::null_mut();
+static mut BITS: *mut AtomicU64 = std::ptr::null_mut();
+
+/// Blocks for `dedup.generation_memory` (kB); 0: off.
+fn total_blocks() -> u64 {
+    let bytes = u64::try_from(guc::GENERATION_MEMORY.get()).unwrap_or(0) * 1024;
+    bytes / BLOCK_BYTES as u64
+}
+
+/// The shared memory the filters need (0: off).
+fn shmem_size() -> usize {
+    let blocks = total_blocks();
+    if blocks == 0 {
+        return 0;
+    }
+    std::mem::size_of::<Area>() + BLOCK_BYTES + blocks as usize * BLOCK_BYTES
+}
+
+/// Ask for the filters' memory (from stats' shmem_request hook).
+///
+/// # Safety
+///
+/// Inside shmem_request_hook (or _PG_init before 15's hook existed), in the postmaster,
+/// under a #[pg_guard].
+pub(crate) unsafe fn request() {
+    let size = shmem_size();
+    if size > 0 {
+        // SAFETY: the contract above: it only records the request.
+        pg_sys::RequestAddinShmemSpace(size);
+    }
+}
+
+/// Make (zeroed) or attach to the filters' memory.
+///
+/// # Safety
+///
+/// From stats' shmem_startup hook, with AddinShmemInitLock held, under its #[pg_guard].
+pub(crate) unsafe fn attach() {
+    let size = shmem_size();
+    if size == 0 {
+        return;
+    }
+    let mut found = false;
+    // SAFETY: ShmemInitStruct returns `size` bytes of shared memory, MAXALIGNed, for the
+    // postmaster's life; when new they are written here before AREA is set (no backend
+    // exists yet; under EXEC_BACKEND a child finds them made). The bits start at the first
+    // 64-byte boundary after the Area, inside the `size` bytes (BLOCK_BYTES of slack).
+    let base = pg_sys::ShmemInitStruct(c"dedup generation summaries".as_ptr(), size, &mut found)
+        .cast::<u8>();
+    let area = base.cast::<Area>();
+    let after = base.add(std::mem::size_of::<Area>());
+    let bits = after
+        .add(after.align_offset(BLOCK_BYTES))
+        .cast::<AtomicU64>();
+    if !found {
+        std::ptr::write_bytes(base, 0, size);
+        (*area).blocks = total_blocks();
+        let mut secret = [0u8; 8];
+        if !pg_sys::pg_strong_random(secret.as_mut_ptr().cast(), secret.len()) {
+            secret = (pg_sys::GetCurrentTimestamp() as u64).to_le_bytes();
+        }
+        (*area).secret = u64::from_le_bytes(secret);
+    }
+    AREA = area;
+    BITS = bits;
+}
+
+fn area() -> Option<&'static Area> {
+    // SAFETY: AREA is written only in attach(), in the postmaster before any backend is
+    // forked (or in a child before it runs anything); the Area's plain fields are written
+    // before it is set, the rest are atomics.
+    unsafe {
+        let a = std::ptr::addr_of!(AREA).read();
+        (!a.is_null()).then(|| &*a)
+    }
+}
+
+impl Area {
+    fn block(&self, block: u64) -> &[AtomicU64; BLOCK_WORDS] {
+        debug_assert!(block < self.blocks);
+        // SAFETY: BITS points to `blocks` blocks of BLOCK_WORDS atomics in shared memory
+        // (attach()), and the index is inside them.
+        unsafe {
+            &*std::ptr::addr_of!(BITS)
+                .read()
+                .add(block as usize * BLOCK_WORDS)
+                .cast::<[AtomicU64; BLOCK_WORDS]>()
+        }
+    }
+}
+
+/// The hash of a key, the same for every filter of this server's life.
+pub(crate) fn hash(scope: &str, job_id: &str) -> u64 {
+    let secret = area().map_or(0, |a| a.secret);
+    crate::expired::fold(
+        crate::expired::fold(secret, scope.as_bytes()),
+        job_id.as_bytes(),
+    )
+}
+
+/// A filter a claim holds for one sealed generation: which slot, and the `seq` it matched.
+pub(crate) struct Held {
+    slot: usize,
+    seq: u64,
+    offset: u64,
+    blocks: u64,
+}
+
+/// The filter of generation `n`, table `relid`, of this database, if it is built. A table
+/// rewritten since (VACUUM FULL, CLUSTER) holds the same rows or fewer: its filter still
+/// holds every key it has. A claim may use it without a lock on the table: a key the filter
+/// does not hold is not in the table, whether or not the table is being dropped.
+pub(crate) fn find(relid: pg_sys::Oid, n: i32) -> Option<Held> {
+    let area = area()?;
+    // SAFETY: a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    for (i, s) in area.slots.iter().enumerate() {
+        let seq = s.seq.load(Ordering::Acquire);
+        if seq % 2 == 1 || s.blocks.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
+        if s.db.load(Ordering::Relaxed) == db
+            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
+            && s.n.load(Ordering::Relaxed) == n as u32
+        {
+            let (offset, blocks) = (
+                s.offset.load(Ordering::Relaxed),
+                s.blocks.load(Ordering::Relaxed),
+            );
+            fence(Ordering::Acquire);
+            if s.seq.load(Ordering::Relaxed) == seq {
+                return Some(Held {
+                    slot: i,
+                    seq,
+                    offset,
+                    blocks,
+                });
+            }
+        }
+    }
+    None
+}
+
+impl Held {
+    /// Is the key of `hash` certainly not in the generation? False when it may be, and when
+    /// the filter changed since it was found.
+    pub(crate) fn absent(&self, hash: u64) -> bool {
+        let Some(area) = area() else { return false };
+        let (block, bits) = crate::expired::place(hash, self.blocks);
+        let words = area.block(self.offset + block);
+        let missing = words
+            .iter()
+            .zip(bits)
+            .any(|(w, b)| w.load(Ordering::Relaxed) & b == 0);
+        fence(Ordering::Acquire);
+        missing && area.slots[self.slot].seq.load(Ordering::Relaxed) == self.seq
+    }
+}
+
+/// Take the writers' flag, or None if another writer has it.
+fn take(area: &Area) -> Option<Busy<'_>> {
+    area.busy
+        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .ok()
+        .map(|_| Busy(area))
+}
+
+struct Busy<'a>(&'a Area);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(0, Ordering::Release);
+    }
+}
+
+/// Free slot `s` (the writers' flag held).
+fn free(s: &Slot) {
+    s.seq.fetch_add(1, Ordering::AcqRel);
+    s.blocks.store(0, Ordering::Relaxed);
+    s.seq.fetch_add(1, Ordering::Release);
+}
+
+/// A gap of `want` blocks among the filters in use, first fit (the writers' flag held).
+fn gap(area: &Area, want: u64) -> Option<u64> {
+    let mut used: Vec<(u64, u64)> = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .map(|s| {
+            (
+                s.offset.load(Ordering::Relaxed),
+                s.blocks.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    used.sort_unstable();
+    let mut at = 0u64;
+    for (offset, blocks) in used {
+        if offset >= at + want {
+            return Some(at);
+        }
+        at = at.max(offset + blocks);
+    }
+    (at + want <= area.blocks).then_some(at)
+}
+
+/// The blocks a filter of `keys` keys is sized at.
+pub fn blocks_for(keys: u64) -> u64 {
+    (keys * BITS_PER_KEY)
+        .div_ceil(BLOCK_BYTES as u64 * 8)
+        .max(1)
+}
+
+/// One sealed generation to summarise: its number and table.
+pub(crate) struct Sealed {
+    pub(crate) n: i32,
+    pub(crate) relid: pg_sys::Oid,
+}
+
+/// Bring this database's filters in line with its sealed generations: free the filters of
+/// generations that are no longer sealed (retired, dropped), and build those missing. What it did, one line each (nothing: an empty list).
+///
+/// # Safety
+///
+/// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after
+/// the seal waits of `sealed` are over.
+pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
+    let Some(area) = area() else {
+        return Vec::new();
+    };
+    let db = u32::from(pg_sys::MyDatabaseId);
+    // The sealed generations' tables, each locked in share mode to the end of the
+    // transaction (no drop under the scan).
+    let mut files = Vec::new();
+    for g in sealed {
+        let rel = pg_sys::try_table_open(g.relid, pg_sys::AccessShareLock as _);
+        if rel.is_null() {
+            continue;
+        }
+        files.push((g, rel));
+    }
+    let mut done = Vec::new();
+    {
+        let Some(_busy) = take(area) else {
+            for (_, rel) in files {
+                pg_sys::table_close(rel, pg_sys::NoLock as _);
+            }
+            return done;
+        };
+        for s in &area.slots {
+            if s.blocks.load(Ordering::Relaxed) == 0 || s.db.load(Ordering::Relaxed) != db {
+                continue;
+            }
+            let keep = files.iter().any(|(g, _)| {
+                s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
+                    && s.n.load(Ordering::Relaxed) == g.n as u32
+            });
+            if !keep {
+                done.push(format!(
+                    "freed the summary of generation {}",
+                    s.n.load(Ordering::Relaxed)
+                ));
+                free(s);
+            }
+        }
+    }
+    for (g, rel) in files {
+        if find(g.relid, g.n).is_none() {
+            let hashes = keys_of(rel);
+            done.push(place_filter(area, db, g, &hashes));
+        }
+        pg_sys::table_close(rel, pg_sys::NoLock as _);
+    }
+    done
+}
+
+/// The hashes of every key of `rel` a snapshot taken now sees.
+///
+/// # Safety
+///
+/// `rel` is an open generation table (scope and job_id its first two columns, as
+/// `claim::check_layout` requires); in a transaction, under pgrx's guard.
+unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
+    // SAFETY: the snapshot is registered until UnregisterSnapshot below (or the abort's
+    // resource owner cleanup); the scan and the slot live until their ends below; the text
+    // datums are read (detoasted into this memory context) before the next fetch.
+    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut hashes = Vec::new();
+    let mut rows = 0u64;
+    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+        let (mut scope_null, mut job_null) = (false, false);
+        let scope = pg_sys::slot_getattr(slot, 1, &mut scope_null);
+        let job = pg_sys::slot_getattr(slot, 2, &mut job_null);
+        let scope = <&str as pgrx::FromDatum>::from_datum(scope, scope_null);
+        let job = <&str as pgrx::FromDatum>::from_datum(job, job_null);
+        if let (Some(scope), Some(job)) = (scope, job) {
+            hashes.push(hash(scope, job));
+        }
+        rows += 1;
+        if rows.is_multiple_of(4096) {
+            pg_sys::check_for_interrupts!();
+        }
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::table_endscan(scan);
+    pg_sys::UnregisterSnapshot(snapshot);
+    hashes
+}
+
+/// Place a filter of `hashes` for generation `g` in a free slot and a gap of the bits; what
+/// was done.
+fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
+    let Some(_busy) = take(area) else {
+        return format!(
+            "did not summarise generation {}: another process was changing the summaries",
+            g.n
+        );
+    };
+    // Built meanwhile by another writer (the worker and rotate_generations() at once).
+    if find(g.relid, g.n).is_some() {
+        return format!(
+            "did not summarise generation {}: it was summarised meanwhile",
+            g.n
+        );
+    }
+    let want = blocks_for(hashes.len() as u64);
+    let Some(slot) = area
+        .slots
+        .iter()
+        .find(|s| s.blocks.load(Ordering::Relaxed) == 0)
+    else {
+        return format!(
+            "did not summarise generation {}: all {SLOTS} summaries are in use",
+            g.n
+        );
+    };
+    let Some(offset) = gap(area, want) else {
+        return format!(
+            "did not summarise generation {} ({} claims): dedup.generation_memory has no room \
+             for {} kB more",
+            g.n,
+            hashes.len(),
+            (want * BLOCK_BYTES as u64).div_ceil(1024)
+        );
+    };
+    slot.seq.fetch_add(1, Ordering::AcqRel);
+    for b in offset..offset + want {
+        for w in area.block(b) {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+    for &h in hashes {
+        let (block, bits) = crate::expired::place(h, want);
+        for (w, bit) in area.block(offset + block).iter().zip(bits) {
+            w.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+    slot.db.store(db, Ordering::Relaxed);
+    slot.relid.store(u32::from(g.relid), Ordering::Relaxed);
+    slot.n.store(g.n as u32, Ordering::Relaxed);
+    slot.offset.store(offset, Ordering::Relaxed);
+    slot.blocks.store(want, Ordering::Relaxed);
+    slot.keys.store(hashes.len() as u64, Ordering::Relaxed);
+    // SAFETY: reads the clock.
+    slot.built_at
+        .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+    slot.seq.fetch_add(1, Ordering::Release);
+    format!(
+        "summarised generation {}: {} claim{} in {} kB",
+        g.n,
+        hashes.len(),
+        if hashes.len() == 1 { "" } else { "s" },
+        (want * BLOCK_BYTES as u64).div_ceil(1024)
+    )
+}
+
+/// Free the filters of dropped databases (the launcher); how many.
+pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
+    let Some(area) = area() else { return 0 };
+    let Some(_busy) = take(area) else { return 0 };
+    let mut n = 0;
+    for s in &area.slots {
+        if s.blocks.load(Ordering::Relaxed) > 0
+            && gone
+                .iter()
+                .any(|d| u32::from(*d) == s.db.load(Ordering::Relaxed))
+        {
+            free(s);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// `dedup.generation_summaries()`: the sealed generations of this database, newest first,
+/// and the summary of each (NULLs: it has none yet, or did not fit: a claim probes it).
+#[pg_extern(volatile, parallel_restricted)]
+#[allow(clippy::type_complexity)]
+pub(crate) fn generation_summaries() -> TableIterator<
+    'static,
+    (
+        name!(generation, i32),
+        name!(relid, pg_sys::Oid),
+        name!(summarised, bool),
+        name!(keys, Option<i64>),
+        name!(bytes, Option<i64>),
+        name!(false_positive_rate, Option<f64>),
+        name!(built_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    const F: &str = "dedup.generation_summaries";
+    if area().is_none() {
+        if crate::stats::available() {
+            crate::error::generation_memory_off(F);
+        } else {
+            crate::stats::sql::warn_not_preloaded(F);
+        }
+    }
+    // SAFETY: in a transaction, under the guard of this #[pg_extern].
+    let Some(list) = (unsafe { super::load(F) }) else {
+        return TableIterator::new(Vec::new());
+    };
+    // SAFETY: a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let mut rows = Vec::new();
+    for g in list.others.iter().filter(|g| g.sealed) {
+        let mut row = (g.n, g.relid, false, None, None, None, None);
+        for s in area().map_or(&[][..], |a| &a.slots[..]) {
+            let seq = s.seq.load(Ordering::Acquire);
+            if seq % 2 == 1
+                || s.blocks.load(Ordering::Relaxed) == 0
+                || s.db.load(Ordering::Relaxed) != db
+                || s.relid.load(Ordering::Relaxed) != u32::from(g.relid)
+                || s.n.load(Ordering::Relaxed) != g.n as u32
+            {
+                continue;
+            }
+            let (keys, blocks) = (
+                s.keys.load(Ordering::Relaxed),
+                s.blocks.load(Ordering::Relaxed),
+            );
+            let built = s.built_at.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if s.seq.load(Ordering::Relaxed) == seq {
+                row = (
+                    g.n,
+                    g.relid,
+                    true,
+                    Some(keys as i64),
+                    Some((blocks * BLOCK_BYTES as u64) as i64),
+                    Some(crate::expired::false_positive_rate(keys, blocks)),
+                    TimestampWithTimeZone::try_from(built).ok(),
+                );
+                break;
+            }
+        }
+        rows.push(row);
+    }
+    TableIterator::new(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_is_sized_at_about_one_percent() {
+        for keys in [1_000u64, 100_000, 5_000_000] {
+            let fpr = crate::expired::false_positive_rate(keys, blocks_for(keys));
+            assert!(fpr > 0.005 && fpr < 0.015, "{keys} keys: {fpr}");
+        }
+        assert_eq!(blocks_for(0), 1);
+    }
+}
