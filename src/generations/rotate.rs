@@ -779,10 +779,17 @@ fn retire(retention: &Retention) -> Option<String> {
         g.n,
         "retiring",
     );
+    // SAFETY: in the step's transaction, under its guard.
+    let passed = unsafe { super::summary::pass_to_expired(g.relid, retention.longest) };
     Some(format!(
-        "retired {}: sealed more than the longest retention ({:.0} s) ago",
+        "retired {}: sealed more than the longest retention ({:.0} s) ago{}",
         g.name(),
-        retention.longest
+        retention.longest,
+        if passed > 0 {
+            format!("; {passed} of its claims remembered to count the copies that come later")
+        } else {
+            String::new()
+        }
     ))
 }
 

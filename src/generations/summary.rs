@@ -383,6 +383,63 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
     hashes
 }
 
+/// Pass the claims of a generation being retired to the summaries of expired claims
+/// (`src/expired`), as a prune pass passes those it deletes: from the retirement on no claim
+/// looks in the generation, so a copy of one of its jobs that comes later runs again, and
+/// is counted in `expired_duplicates` (measured from the claim's `processed_at` plus
+/// `longest_secs`, the retention the generation was kept for). Read in batches with a
+/// snapshot taken now; how many claims were passed. Nothing without the ring
+/// (`dedup.expired_memory = 0`) or with `dedup.expired_lookback = 0`.
+///
+/// # Safety
+///
+/// In a transaction of this database, under pgrx's guard.
+pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> u64 {
+    if !crate::expired::enabled() {
+        return 0;
+    }
+    let rel = pg_sys::try_table_open(relid, pg_sys::AccessShareLock as _);
+    if rel.is_null() {
+        return 0;
+    }
+    let longest_us = (longest_secs * 1e6) as i64;
+    // SAFETY: as in keys_of; the third column is processed_at, a timestamptz (check_layout's
+    // order: scope, job_id, processed_at).
+    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(PASS_BATCH);
+    let mut passed = 0u64;
+    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+        let (mut scope_null, mut job_null, mut at_null) = (false, false, false);
+        let scope = pg_sys::slot_getattr(slot, 1, &mut scope_null);
+        let job = pg_sys::slot_getattr(slot, 2, &mut job_null);
+        let at = pg_sys::slot_getattr(slot, 3, &mut at_null);
+        let scope = <&str as pgrx::FromDatum>::from_datum(scope, scope_null);
+        let job = <&str as pgrx::FromDatum>::from_datum(job, job_null);
+        if let (Some(scope), Some(job), false) = (scope, job, at_null) {
+            let expiry = (at.value() as i64).saturating_add(longest_us);
+            batch.push((scope.to_string(), job.to_string(), expiry));
+        }
+        if batch.len() == PASS_BATCH {
+            crate::expired::remember(&batch, longest_us);
+            passed += batch.len() as u64;
+            batch.clear();
+            pg_sys::check_for_interrupts!();
+        }
+    }
+    crate::expired::remember(&batch, longest_us);
+    passed += batch.len() as u64;
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::table_endscan(scan);
+    pg_sys::UnregisterSnapshot(snapshot);
+    pg_sys::table_close(rel, pg_sys::NoLock as _);
+    passed
+}
+
+/// Claims passed to `src/expired` at a time.
+const PASS_BATCH: usize = 10_000;
+
 /// Place a filter of `hashes` for generation `g` in a free slot and a gap of the bits; what
 /// was done.
 fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {

@@ -1299,9 +1299,13 @@ async fn processed_retired(a: &Conn, oid: u32, when: &str) -> Result<()> {
 /// `dedup.processed`, generation 0, is cross-checked until its retention has passed, then
 /// retired and truncated, not dropped: the same table, still the extension's, empty and
 /// `retired` for good while the other generations rotate. A copy of a claim it held runs
-/// again then, into a newer generation.
+/// again then, into a newer generation, and is counted as an expired duplicate (its claim
+/// was passed to the summaries of expired claims at the retirement).
 pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -> Result<()> {
-    let (_cluster, dsn) = server(preloaded("gen-truncate")).await?;
+    // A look-back of a minute: the copy of p-old below comes some 3 s after the retirement,
+    // past the default look-back (the retention, 2 s here).
+    let (_cluster, dsn) =
+        server(preloaded("gen-truncate").set("dedup.expired_lookback", "60s")).await?;
     short_retention(&dsn).await?;
     let a = admin(&dsn).await?;
     let c = claimer(&dsn).await?;
@@ -1345,6 +1349,12 @@ pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     processed_retired(&a, oid, "3 s of rotations later").await?;
+    if !said
+        .iter()
+        .any(|s| s.contains("1 of its claims remembered"))
+    {
+        bail!("no step said it remembered p-old's claim at the retirement: {said:?}");
+    }
     for job in ["p-new", "p-old"] {
         ensure_eq(
             claim_tx(&c, &format!("SELECT dedup.try_claim('{job}')")).await?,
@@ -1364,6 +1374,19 @@ pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -
         .await?,
         1,
         "p-old in dedup.claims()",
+    )?;
+    // p-old ran again because its generation was retired: an expired duplicate, as after a
+    // prune (its claim passed to the summaries of expired claims at the retirement); p-new
+    // is not one.
+    ensure_eq(
+        one::<i64>(
+            &a,
+            "SELECT coalesce(sum(expired_duplicates), 0)::bigint FROM dedup.stats \
+              WHERE datname = current_database() AND scope = 'default'",
+        )
+        .await?,
+        1,
+        "expired_duplicates after the copy of p-old",
     )
 }
 
