@@ -958,7 +958,7 @@ def portable_objects(ext_sql: str, what: str) -> PortableObjects:
             elif kind == "view":
                 name, _ = _qualified(toks, i + 1, what)
                 last[("VIEW", name, ())] = pos
-            elif kind == "index":
+            elif kind in ("index", "trigger"):
                 pass  # dropped with its table
             else:
                 raise BuildError(f"{what}: the switch script does not know how to drop what "

@@ -37,6 +37,10 @@ CREATE  FUNCTION "generation_summaries"() RETURNS TABLE (
 STRICT VOLATILE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'generation_summaries_wrapper';
+CREATE FUNCTION "_generations_changed"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', '_generations_changed_wrapper';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -75,6 +79,17 @@ REVOKE ALL ON TABLE dedup.generations FROM PUBLIC;
 -- pg_dump dumps its rows with the extension; the generation tables are dumped as tables of
 -- the schema dedup.
 SELECT pg_catalog.pg_extension_config_dump('dedup.generations', '');
+-- Every statement that changes it moves the database's epoch at its commit
+-- (src/generations/epoch.rs): also pg_restore's COPY of its rows, which does not come
+-- through the rotation, so that a session opened before the restore's data does not keep
+-- the list "no generations". A trigger function cannot be called as a function.
+CREATE TRIGGER generations_changed
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON dedup.generations
+    FOR EACH STATEMENT EXECUTE FUNCTION dedup._generations_changed();
+REVOKE ALL ON FUNCTION dedup._generations_changed() FROM PUBLIC;
+COMMENT ON FUNCTION dedup._generations_changed() IS
+'Internal: the trigger of dedup.generations, which makes a transaction that changes it move the database''s epoch at its commit (also pg_restore''s). Not granted to PUBLIC.';
+
 -- Every claim of this database: the rows of each generation not retired, in the order of
 -- the generations (the rows within one in no particular order); dedup.processed alone in a
 -- database that does not use generations. Not SECURITY DEFINER: the caller needs SELECT on

@@ -87,6 +87,7 @@ extension_sql_file!(
         generations::rotate::use_generations,
         generations::rotate::rotate_generations,
         generations::summary::generation_summaries,
+        generations::epoch::_generations_changed,
         lease::claim_tables_sql
     ]
 );

@@ -70,3 +70,14 @@ BEGIN
     RETURN;
 END
 $$;
+
+-- The trigger of dedup.generations: the native one moves the epoch in shared memory, which
+-- the portable edition has not (and it has no generations). Does nothing.
+CREATE FUNCTION dedup._generations_changed()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    RETURN NULL;
+END
+$$;

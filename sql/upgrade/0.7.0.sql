@@ -9,6 +9,7 @@
 --@ create library dedup.rotate_generations
 --@ create library dedup._claim_tables
 --@ create library dedup.generation_summaries
+--@ create library dedup._generations_changed
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.

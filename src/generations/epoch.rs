@@ -626,3 +626,25 @@ mod tests {
         find_or_claim(&slots, SLOTS as u32 + 1);
     }
 }
+
+/// `dedup._generations_changed()`, the trigger of `dedup.generations` (`BEFORE` each
+/// statement that inserts, updates, deletes or truncates): the changing transaction moves
+/// the epoch at its commit, as a publication does ([`publishing`]; the rotation and
+/// `use_generations()` have called it already, and a second call does nothing). What it is
+/// for is a change that does not come through them: `pg_restore` copying the rows into a
+/// database whose sessions (opened before the data) hold the list "no generations", which
+/// they would keep, claiming into `dedup.processed` alone, while the epoch does not move.
+/// Without the shared memory (not preloaded) it does nothing: no backend keeps a list then
+/// (a claim refuses, 55000).
+#[pg_trigger]
+fn _generations_changed<'a>(
+    _trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<
+    Option<pgrx::heap_tuple::PgHeapTuple<'a, pgrx::AllocatedByPostgres>>,
+    pgrx::heap_tuple::PgHeapTupleError,
+> {
+    if available() {
+        publishing();
+    }
+    Ok(None)
+}

@@ -2054,27 +2054,42 @@ pub async fn dump_and_restore_keep_the_generations(_ctx: Ctx) -> Result<()> {
     let restored = format!("{DB}_restored");
     let dump = cluster.dir.join(format!("{DB}.dump"));
     let (port, bindir) = (cluster.port.to_string(), cluster.bindir.clone());
-    tokio::task::spawn_blocking({
-        let restored = restored.clone();
-        move || -> Result<()> {
+    // pg_restore section by section: between the schema (which creates the extension, with
+    // dedup.generations empty) and the data, a session of the new database claims (and
+    // rolls back), so it holds the list "no generations". The restore's COPY into
+    // dedup.generations must move the epoch: that session claims a restored job below.
+    let restore = |section: &'static str| {
+        let (restored, dump, port, bindir) =
+            (restored.clone(), dump.clone(), port.clone(), bindir.clone());
+        tokio::task::spawn_blocking(move || -> Result<()> {
             let conn = ["-h", "127.0.0.1", "-p", port.as_str(), "-U", "postgres"];
-            run(Command::new(bindir.join("pg_dump"))
-                .args(conn)
-                .args(["-Fc", "-d", DB, "-f"])
-                .arg(&dump))?;
-            run(Command::new(bindir.join("createdb"))
-                .args(conn)
-                .arg(&restored))?;
+            if section == "pre-data" {
+                run(Command::new(bindir.join("pg_dump"))
+                    .args(conn)
+                    .args(["-Fc", "-d", DB, "-f"])
+                    .arg(&dump))?;
+                run(Command::new(bindir.join("createdb"))
+                    .args(conn)
+                    .arg(&restored))?;
+            }
             run(Command::new(bindir.join("pg_restore"))
                 .args(conn)
-                .args(["--exit-on-error", "-d", &restored])
+                .args(["--exit-on-error", "--section", section, "-d", &restored])
                 .arg(&dump))?;
             Ok(())
-        }
-    })
-    .await??;
-
+        })
+    };
+    restore("pre-data").await??;
     let rdsn = cluster.dsn(&restored);
+    let early = claimer(&rdsn).await?;
+    ensure_eq(
+        claimable(&early, "during-restore-", 1).await?,
+        1,
+        "a claim in the restored database before its data",
+    )?;
+    restore("data").await??;
+    restore("post-data").await??;
+
     let r = admin(&rdsn).await?;
     ensure_eq(
         catalog(&r).await?,
@@ -2103,6 +2118,11 @@ pub async fn dump_and_restore_keep_the_generations(_ctx: Ctx) -> Result<()> {
         "the claims of every generation, restored",
     )?;
     let rc = claimer(&rdsn).await?;
+    ensure_eq(
+        claim_tx(&early, "SELECT dedup.try_claim('in-1')").await?,
+        false,
+        "the restored claim in-1 claimed again by a session opened before the restore's data",
+    )?;
     for (job, scope) in [("in-0", "default"), ("in-1", "default"), ("in-2", "other")] {
         ensure_eq(
             claim_tx(&rc, &format!("SELECT dedup.try_claim('{job}', '{scope}')"))
