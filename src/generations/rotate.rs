@@ -188,7 +188,13 @@ pub(crate) fn worker_pass(dbname: &str) {
     });
     match ready {
         Ok(Ok(true)) => {}
-        Ok(Ok(false)) => return,
+        Ok(Ok(false)) => {
+            // A database that no longer uses generations (the extension dropped): free the
+            // summaries it left.
+            // SAFETY: a backend global.
+            super::summary::forget_databases(&[unsafe { pg_sys::MyDatabaseId }]);
+            return;
+        }
         Ok(Err(why)) => {
             warning!("dedup: not rotating the generations of database \"{dbname}\": {why}");
             return;

@@ -23,9 +23,13 @@
 //!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
 //! `dedup.rotate_generations`): it frees the filters of its database's generations that are
-//! no longer sealed (retired, dropped, or another table under the same OID) and builds the
-//! missing ones. Writers take [`Area::busy`] with a compare-and-swap, never wait for it (a
-//! writer that finds it taken tries again at its next call), and hold it only while they
+//! no longer sealed (retired, dropped) and builds the missing ones; the worker frees those
+//! of a database that no longer uses generations, and the launcher those of a dropped
+//! database. A filter is known by (database, table OID, generation number): a table
+//! dropped and an OID used again by a later generation of the same number in the same
+//! database would need the generation numbers to go back, which only a restore into the
+//! database's own OID could make, after the worker or the launcher had freed the old one.
+//! Writers take [`Area::busy`] with a compare-and-swap, spinning, and hold it only while they
 //! copy bits already computed: no call that can raise an ERROR runs under it. A filter being
 //! written has an odd `seq` (a seqlock): a reader notes the even `seq` it matched, reads the
 //! bits with no lock, and trusts an "absent" only if `seq` is unchanged after the read, so a
@@ -165,11 +169,31 @@ impl Area {
 
 /// The hash of a key, the same for every filter of this server's life.
 pub(crate) fn hash(scope: &str, job_id: &str) -> u64 {
+    hash_bytes(scope.as_bytes(), job_id.as_bytes())
+}
+
+fn hash_bytes(scope: &[u8], job_id: &[u8]) -> u64 {
     let secret = area().map_or(0, |a| a.secret);
-    crate::expired::fold(
-        crate::expired::fold(secret, scope.as_bytes()),
-        job_id.as_bytes(),
-    )
+    crate::expired::fold(crate::expired::fold(secret, scope), job_id)
+}
+
+/// The bytes of text column `att` of the slot's row (detoasted into the current memory
+/// context); an ERROR if it is NULL (a claim table's key columns are NOT NULL).
+///
+/// # Safety
+///
+/// `slot` holds a row whose column `att` is text; under pgrx's guard.
+unsafe fn text_bytes<'a>(slot: *mut pg_sys::TupleTableSlot, att: i32) -> &'a [u8] {
+    let mut isnull = false;
+    let datum = pg_sys::slot_getattr(slot, att, &mut isnull);
+    if isnull {
+        pgrx::error!("dedup: a generation holds a claim whose key is NULL");
+    }
+    // SAFETY: a text datum; pg_detoast_datum_packed returns it, or a detoasted copy in the
+    // current memory context, valid while the slot holds the row (the caller hashes it at
+    // once).
+    let v = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+    pgrx::varlena::varlena_to_byte_slice(v)
 }
 
 /// A filter a claim holds for one sealed generation: which slot, and the `seq` it matched.
@@ -231,12 +255,27 @@ impl Held {
     }
 }
 
-/// Take the writers' flag, or None if another writer has it.
+/// Take the writers' flag, or None if another writer kept it through a few million
+/// tries. A writer holds it only while it copies bits it has computed (no call that can
+/// raise an ERROR or wait runs under it), microseconds to a few milliseconds for the
+/// largest filter; a process killed under it takes the shared memory with it (the
+/// postmaster's crash restart makes it anew).
 fn take(area: &Area) -> Option<Busy<'_>> {
-    area.busy
-        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-        .ok()
-        .map(|_| Busy(area))
+    for i in 0..10_000_000u32 {
+        if area
+            .busy
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(Busy(area));
+        }
+        if i % 1024 == 1023 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    None
 }
 
 struct Busy<'a>(&'a Area);
@@ -249,7 +288,10 @@ impl Drop for Busy<'_> {
 
 /// Free slot `s` (the writers' flag held).
 fn free(s: &Slot) {
-    s.seq.fetch_add(1, Ordering::AcqRel);
+    s.seq.fetch_add(1, Ordering::Relaxed);
+    // The writer's half of the seqlock: no write below becomes visible before the odd
+    // number does (a reader that sees one of them sees seq changed after its read).
+    fence(Ordering::Release);
     s.blocks.store(0, Ordering::Relaxed);
     s.seq.fetch_add(1, Ordering::Release);
 }
@@ -276,6 +318,15 @@ fn gap(area: &Area, want: u64) -> Option<u64> {
         at = at.max(offset + blocks);
     }
     (at + want <= area.blocks).then_some(at)
+}
+
+/// Is there a free slot, and a gap of `want` blocks, now? (Read without the writers' flag:
+/// an estimate, which the placement checks again under it.)
+fn room_for(area: &Area, want: u64) -> bool {
+    area.slots
+        .iter()
+        .any(|s| s.blocks.load(Ordering::Relaxed) == 0)
+        && gap(area, want).is_some()
 }
 
 /// The blocks a filter of `keys` keys is sized at.
@@ -340,8 +391,19 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
     }
     for (g, rel) in files {
         if find(g.relid, g.n).is_none() {
-            let hashes = keys_of(rel);
-            done.push(place_filter(area, db, g, &hashes));
+            // Not read at every pass when it cannot fit: a table whose row count is known
+            // (VACUUM and ANALYZE set it) and needs more than any gap is left alone.
+            let estimate = (*(*rel).rd_rel).reltuples;
+            if estimate > 0.0 && !room_for(area, blocks_for((estimate * 0.9) as u64)) {
+                done.push(format!(
+                    "did not summarise generation {} (about {estimate:.0} claims): no free \
+                     summary, or no room in dedup.generation_memory",
+                    g.n
+                ));
+            } else {
+                let hashes = keys_of(rel);
+                done.push(place_filter(area, db, g, &hashes));
+            }
         }
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
@@ -355,6 +417,8 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
 /// `rel` is an open generation table (scope and job_id its first two columns, as
 /// `claim::check_layout` requires); in a transaction, under pgrx's guard.
 unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
+    // Its columns are a claim table's (scope, job_id first), or an ERROR.
+    crate::claim::check_layout(rel, "dedup: summarising a generation");
     // SAFETY: the snapshot is registered until UnregisterSnapshot below (or the abort's
     // resource owner cleanup); the scan and the slot live until their ends below; the text
     // datums are read (detoasted into this memory context) before the next fetch.
@@ -364,14 +428,8 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
     let mut hashes = Vec::new();
     let mut rows = 0u64;
     while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-        let (mut scope_null, mut job_null) = (false, false);
-        let scope = pg_sys::slot_getattr(slot, 1, &mut scope_null);
-        let job = pg_sys::slot_getattr(slot, 2, &mut job_null);
-        let scope = <&str as pgrx::FromDatum>::from_datum(scope, scope_null);
-        let job = <&str as pgrx::FromDatum>::from_datum(job, job_null);
-        if let (Some(scope), Some(job)) = (scope, job) {
-            hashes.push(hash(scope, job));
-        }
+        let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
+        hashes.push(hash_bytes(scope, job));
         rows += 1;
         if rows.is_multiple_of(4096) {
             pg_sys::check_for_interrupts!();
@@ -476,7 +534,9 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
             (want * BLOCK_BYTES as u64).div_ceil(1024)
         );
     };
-    slot.seq.fetch_add(1, Ordering::AcqRel);
+    slot.seq.fetch_add(1, Ordering::Relaxed);
+    // As in free(): the odd number before any bit.
+    fence(Ordering::Release);
     for b in offset..offset + want {
         for w in area.block(b) {
             w.store(0, Ordering::Relaxed);

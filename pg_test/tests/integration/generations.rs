@@ -1603,6 +1603,45 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
             _ => vec![(0, true, Some(6000)), (1, true, Some(6000))],
         };
         ensure_eq(got, want, "the summaries of generations 0 and 1")?;
+        // Which generations a claim opens, seen in pg_locks while its transaction is open:
+        // a new job opens none that has a summary (it cannot be there), a copy opens the
+        // one that holds it.
+        let pid: i32 = one(&c, "SELECT pg_backend_pid()").await?;
+        let locked_by = |job: &'static str| {
+            let (a, c) = (&a, &c);
+            async move {
+                c.batch_execute(&format!("BEGIN; SELECT dedup.try_claim('{job}')"))
+                    .await?;
+                let locked: Vec<i32> = a
+                    .query(
+                        "SELECT g.n FROM pg_locks AS l JOIN dedup.generations AS g \
+                            ON l.relation = g.relid::oid \
+                          WHERE l.pid = $1 AND l.locktype = 'relation' ORDER BY g.n",
+                        &[&pid],
+                    )
+                    .await?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                c.batch_execute("ROLLBACK").await?;
+                anyhow::Ok(locked)
+            }
+        };
+        let fresh = locked_by("fresh-job").await?;
+        let want_fresh = match memory {
+            "0" => vec![0, 1, 2],
+            "8kB" => vec![1, 2],
+            _ => vec![2],
+        };
+        ensure_eq(
+            fresh,
+            want_fresh,
+            "the generations a claim of a new job opens",
+        )?;
+        let copy = locked_by("s1-5").await?;
+        if !(copy.contains(&1) && copy.contains(&2)) {
+            bail!("a claim of a copy of s1-5 (generation 1) opened generations {copy:?}");
+        }
         for r in rows.iter().filter(|r| r.get::<_, bool>(1)) {
             let (bytes, fpr): (i64, f64) = (r.get(3), r.get(4));
             // 10 bits a key: 7,500 bytes for 6,000 keys, rounded up to 64-byte blocks.
@@ -1639,8 +1678,9 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
             3000,
             "a batch of new jobs",
         )?;
-        // New jobs first, so the batch inserts its later keys before it looks: the
-        // copies at its end are found after their insert.
+        // New jobs first, so the batch inserts its later keys before it looks (where no
+        // summary rules a key out, the copies at its end are found after their insert; where
+        // one says "maybe", the generation is opened and looked in before the insert).
         let mixed: Vec<String> = c
             .query(
                 "SELECT * FROM dedup.try_claim_many(ARRAY(SELECT 'mix-' || g FROM generate_series(1, 100) g) || ARRAY['s0-5', 's1-9'])",
