@@ -79,12 +79,17 @@ REVOKE ALL ON TABLE dedup.generations FROM PUBLIC;
 -- pg_dump dumps its rows with the extension; the generation tables are dumped as tables of
 -- the schema dedup.
 SELECT pg_catalog.pg_extension_config_dump('dedup.generations', '');
--- Every statement that changes it moves the database's epoch at its commit
--- (src/generations/epoch.rs): also pg_restore's COPY of its rows, which does not come
--- through the rotation, so that a session opened before the restore's data does not keep
--- the list "no generations". A trigger function cannot be called as a function.
+-- A transaction that changes a row of it (or truncates it) moves the database's epoch at
+-- its commit (src/generations/epoch.rs): also pg_restore's COPY of its rows, which does not
+-- come through the rotation, so that a session opened before the restore's data does not
+-- keep the list "no generations". Per row, so that a restore (or the switch from the
+-- portable edition) of a database that never used generations, whose COPY has no row,
+-- moves nothing and takes no epoch slot. A trigger function cannot be called as a function.
 CREATE TRIGGER generations_changed
-    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON dedup.generations
+    AFTER INSERT OR UPDATE OR DELETE ON dedup.generations
+    FOR EACH ROW EXECUTE FUNCTION dedup._generations_changed();
+CREATE TRIGGER generations_truncated
+    AFTER TRUNCATE ON dedup.generations
     FOR EACH STATEMENT EXECUTE FUNCTION dedup._generations_changed();
 REVOKE ALL ON FUNCTION dedup._generations_changed() FROM PUBLIC;
 COMMENT ON FUNCTION dedup._generations_changed() IS

@@ -511,13 +511,14 @@ fn now() -> i64 {
 /// force in this database (microseconds), the look-back when `dedup.expired_lookback` is -1.
 /// A claim that expired longer than the look-back ago (a backlog pruned late) is not
 /// remembered: its copies are past the look-back already, and it would stretch its
-/// summary's expiry range.
-pub fn remember(pruned: &[(String, String, i64)], longest_retention: i64) {
+/// summary's expiry range. How many it took (the others were past the look-back, or the
+/// summary was full: `not_kept`).
+pub fn remember(pruned: &[(String, String, i64)], longest_retention: i64) -> u64 {
     let Some(ring) = ring() else {
-        return;
+        return 0;
     };
     if pruned.is_empty() || setting(&guc::EXPIRED_LOOKBACK) == 0 {
-        return;
+        return 0;
     }
     // SAFETY: plain reads; LWLockAcquire raises an ERROR only when too many LWLocks are
     // held (then the abort releases it); nothing between it and the release raises one
@@ -535,6 +536,7 @@ pub fn remember(pruned: &[(String, String, i64)], longest_retention: i64) {
         let slot = &ring.slots[n];
         add_db(slot, db);
         let mut kept = slot.keys.load(Ordering::Relaxed);
+        let before = kept;
         let mut seed: Option<(&str, u64)> = None;
         for (scope, job_id, expiry) in pruned {
             if *expiry < oldest {
@@ -572,6 +574,7 @@ pub fn remember(pruned: &[(String, String, i64)], longest_retention: i64) {
         // Release: a claim that sees the count sees the bits.
         slot.keys.store(kept, Ordering::Release);
         pg_sys::LWLockRelease(ring.lock);
+        kept - before
     }
 }
 

@@ -13,7 +13,8 @@
 //! pointer to a slot, from before.
 //!
 //! **A database's slot.** A database gets a slot the first time a transaction of it is
-//! about to change `dedup.generations` ([`publishing`]): a compare-and-swap of `db` from 0
+//! about to change `dedup.generations` ([`publishing`], also through the table's trigger:
+//! a restore of its rows): a compare-and-swap of `db` from 0
 //! to its OID, probing linearly from a hash of the OID. A read never takes a slot: a
 //! database without one reads 0 (it has never published, since this shared memory was
 //! made). The launcher frees the slot of a dropped database ([`forget_database`]). A freed
@@ -627,9 +628,9 @@ mod tests {
     }
 }
 
-/// `dedup._generations_changed()`, the trigger of `dedup.generations` (`BEFORE` each
-/// statement that inserts, updates, deletes or truncates): the changing transaction moves
-/// the epoch at its commit, as a publication does ([`publishing`]; the rotation and
+/// `dedup._generations_changed()`, the trigger of `dedup.generations` (`AFTER` each row
+/// inserted, updated or deleted, and each `TRUNCATE`): the changing transaction moves the
+/// epoch at its commit, as a publication does ([`publishing`]; the rotation and
 /// `use_generations()` have called it already, and a second call does nothing). What it is
 /// for is a change that does not come through them: `pg_restore` copying the rows into a
 /// database whose sessions (opened before the data) hold the list "no generations", which

@@ -786,15 +786,22 @@ fn retire(retention: &Retention) -> Option<String> {
         "retiring",
     );
     // SAFETY: in the step's transaction, under its guard.
-    let passed = unsafe { super::summary::pass_to_expired(g.relid, retention.longest) };
+    let (read, kept) = unsafe { super::summary::pass_to_expired(g.relid, retention.longest) };
     Some(format!(
         "retired {}: sealed more than the longest retention ({:.0} s) ago{}",
         g.name(),
         retention.longest,
-        if passed > 0 {
-            format!("; {passed} of its claims remembered to count the copies that come later")
-        } else {
+        if read == 0 {
             String::new()
+        } else if kept == read {
+            let claims = if read == 1 { "claim" } else { "claims" };
+            format!("; its {read} {claims} remembered to count the copies that come later")
+        } else {
+            format!(
+                "; {kept} of its {read} claims remembered to count the copies that come later \
+                 (the others were past dedup.expired_lookback, or the summary was full: raise \
+                 dedup.expired_memory)"
+            )
         }
     ))
 }

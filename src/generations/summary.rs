@@ -31,7 +31,7 @@
 //! database's own OID could make, after the worker or the launcher had freed the old one.
 //! Writers take [`Area::busy`] with a compare-and-swap, spinning, and hold it only while they
 //! copy bits already computed: no call that can raise an ERROR runs under it. A filter being
-//! written has an odd `seq` (a seqlock): a reader notes the even `seq` it matched, reads the
+//! written has an odd `seq` (a seqlock; the writer fences after making it odd): a reader notes the even `seq` it matched, reads the
 //! bits with no lock, and trusts an "absent" only if `seq` is unchanged after the read, so a
 //! filter freed and rebuilt for another generation under a reader is never believed. A
 //! crash restart makes the memory anew: every filter is gone and is rebuilt by the worker.
@@ -446,53 +446,57 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
 /// looks in the generation, so a copy of one of its jobs that comes later runs again, and
 /// is counted in `expired_duplicates` (measured from the claim's `processed_at` plus
 /// `longest_secs`, the retention the generation was kept for). Read in batches with a
-/// snapshot taken now; how many claims were passed. Nothing without the ring
-/// (`dedup.expired_memory = 0`) or with `dedup.expired_lookback = 0`.
+/// snapshot taken now; how many claims it read, and how many the summaries took (the
+/// others were past the look-back, or the current summary was full). Nothing without the
+/// ring (`dedup.expired_memory = 0`) or with `dedup.expired_lookback = 0`.
 ///
 /// # Safety
 ///
 /// In a transaction of this database, under pgrx's guard.
-pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> u64 {
+pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (u64, u64) {
     if !crate::expired::enabled() {
-        return 0;
+        return (0, 0);
     }
     let rel = pg_sys::try_table_open(relid, pg_sys::AccessShareLock as _);
     if rel.is_null() {
-        return 0;
+        return (0, 0);
     }
     let longest_us = (longest_secs * 1e6) as i64;
-    // SAFETY: as in keys_of; the third column is processed_at, a timestamptz (check_layout's
-    // order: scope, job_id, processed_at).
+    // Its columns are a claim table's (scope, job_id, processed_at first), or an ERROR.
+    crate::claim::check_layout(rel, "dedup: retiring a generation");
+    // SAFETY: as in keys_of; the third column is processed_at, a timestamptz.
     let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
     let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(PASS_BATCH);
-    let mut passed = 0u64;
+    let (mut read, mut kept) = (0u64, 0u64);
     while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-        let (mut scope_null, mut job_null, mut at_null) = (false, false, false);
-        let scope = pg_sys::slot_getattr(slot, 1, &mut scope_null);
-        let job = pg_sys::slot_getattr(slot, 2, &mut job_null);
+        read += 1;
+        let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
+        let mut at_null = false;
         let at = pg_sys::slot_getattr(slot, 3, &mut at_null);
-        let scope = <&str as pgrx::FromDatum>::from_datum(scope, scope_null);
-        let job = <&str as pgrx::FromDatum>::from_datum(job, job_null);
-        if let (Some(scope), Some(job), false) = (scope, job, at_null) {
+        // A key that is not UTF-8 (a database of another encoding) is left out: no claim
+        // function could have taken it, and the summaries hash the text of a claim's key.
+        if let (Ok(scope), Ok(job), false) = (
+            std::str::from_utf8(scope),
+            std::str::from_utf8(job),
+            at_null,
+        ) {
             let expiry = (at.value() as i64).saturating_add(longest_us);
             batch.push((scope.to_string(), job.to_string(), expiry));
         }
         if batch.len() == PASS_BATCH {
-            crate::expired::remember(&batch, longest_us);
-            passed += batch.len() as u64;
+            kept += crate::expired::remember(&batch, longest_us);
             batch.clear();
             pg_sys::check_for_interrupts!();
         }
     }
-    crate::expired::remember(&batch, longest_us);
-    passed += batch.len() as u64;
+    kept += crate::expired::remember(&batch, longest_us);
     pg_sys::ExecDropSingleTupleTableSlot(slot);
     pg_sys::table_endscan(scan);
     pg_sys::UnregisterSnapshot(snapshot);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
-    passed
+    (read, kept)
 }
 
 /// Claims passed to `src/expired` at a time.

@@ -349,7 +349,7 @@ fn delete_expired(
             n += 1;
         }
         if remembering {
-            crate::expired::remember(&pruned, cutoffs.longest_retention());
+            let _ = crate::expired::remember(&pruned, cutoffs.longest_retention());
         }
         Ok::<_, pgrx::spi::Error>(n)
     })

@@ -1349,10 +1349,7 @@ pub async fn processed_is_truncated_not_dropped_after_its_retention(_ctx: Ctx) -
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     processed_retired(&a, oid, "3 s of rotations later").await?;
-    if !said
-        .iter()
-        .any(|s| s.contains("1 of its claims remembered"))
-    {
+    if !said.iter().any(|s| s.contains("its 1 claim remembered")) {
         bail!("no step said it remembered p-old's claim at the retirement: {said:?}");
     }
     for job in ["p-new", "p-old"] {
