@@ -41,6 +41,28 @@ CREATE FUNCTION "_generations_changed"()
 	RETURNS TRIGGER
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', '_generations_changed_wrapper';
+CREATE  FUNCTION "_lease_tables"(
+	"func" TEXT,
+	"job_id" TEXT,
+	"scope" TEXT,
+	"fingerprint" TEXT
+) RETURNS TEXT[]
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_tables_wrapper';
+CREATE  FUNCTION "_write_lease"(
+	"func" TEXT,
+	"job_id" TEXT,
+	"scope" TEXT,
+	"fingerprint" TEXT,
+	"result" jsonb,
+	"lease_id" uuid,
+	"lease_expires_at" timestamp with time zone,
+	"processed_at" timestamp with time zone
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'write_lease_wrapper';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -189,3 +211,394 @@ $$;
 REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) IS
 'Remove the claim of a done job so that it runs again (after a bug fix); refuses a running lease (55006). Returns whether a claim was removed; every call leaves a row in dedup.forgotten. Not granted to PUBLIC.';
+
+-- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease): a
+-- lease found in an older generation moves to the one claims go to when it is taken over,
+-- extended or completed; dedup._lease_lost explains a lost lease from every generation.
+REVOKE ALL ON FUNCTION dedup._lease_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._write_lease(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.uuid, pg_catalog.timestamptz, pg_catalog.timestamptz) FROM PUBLIC;
+
+-- The holder's lease on a job: held (or expired but not taken over) and not yet done.
+-- Raises YD002 otherwise, saying what happened to it: a lease_id that is not the holder's
+-- is not reported as one that expired, and a job never leased says so.
+CREATE OR REPLACE FUNCTION dedup._lease_lost(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, lease_id pg_catalog.uuid)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held dedup.processed;
+    tbl  text;
+BEGIN
+    -- dedup.processed, or every generation where the database uses them.
+    FOREACH tbl IN ARRAY dedup._claim_tables(func, job_id, scope) LOOP
+        EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+           INTO held USING job_id, scope;
+        EXIT WHEN held.job_id IS NOT NULL;
+    END LOOP;
+    RETURN dedup._raise('YD002',
+        format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
+            CASE
+                WHEN held.job_id IS NULL THEN 'there is no lease on the job (never leased, released, or pruned)'
+                WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
+                    THEN 'the job is done, by another claim'
+                WHEN held.lease_id IS DISTINCT FROM lease_id
+                    THEN 'the job is leased under another lease_id (this one expired and another '
+                         'caller took the job over, or it is not the lease_id dedup.lease returned)'
+                ELSE 'the lease was completed already'
+            END),
+        'Do not complete, extend or release a lease you no longer hold; if the effect happened, '
+        'the job''s idempotency key at the external system is what stops a repeat.');
+END
+$$;
+REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;
+
+-- A lease, in a short transaction of its own before an external effect. Its one statement
+-- has a second form for a claim table Citus distributes: Citus accepts no volatile function
+-- in the WHERE of an ON CONFLICT or an UPDATE of a distributed table, so there the time is
+-- read into a variable just before the statement (a wait for a row lock then comes after
+-- it); on one server the statement reads clock_timestamp() itself. complete and
+-- extend_lease do the same. A done or busy call passes the time of the claim it found to
+-- dedup._count, for the duplicate ages of dedup.stats.
+CREATE OR REPLACE FUNCTION dedup.lease(
+    job_id      pg_catalog.text,
+    scope       pg_catalog.text DEFAULT 'default',
+    duration    pg_catalog.interval DEFAULT NULL,
+    fingerprint pg_catalog.text DEFAULT NULL,
+    OUT status     pg_catalog.text,
+    OUT lease_id   pg_catalog.uuid,
+    OUT expires_at pg_catalog.timestamptz,
+    OUT result     pg_catalog.jsonb,
+    OUT claimed_at pg_catalog.timestamptz)
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d      interval;
+    held   dedup.processed;
+    t      timestamptz;
+    tables text[];
+    tbl    text;
+BEGIN
+    -- The checks (and it loads the library, with it the setting dedup.lease_duration), and
+    -- the generations' tables where the database uses them.
+    tables := dedup._lease_tables('dedup.lease', job_id, scope, fingerprint);
+    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
+    IF d <= interval '0' THEN
+        PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
+                             'Pass how long the external effect may take, e.g. ''30 seconds''.');
+    END IF;
+    IF d > dedup.retention(scope) THEN
+        PERFORM dedup._raise('22023',
+            format('dedup.lease: a lease of %s is longer than the retention of scope %L (%s)', d, scope,
+                   dedup.retention(scope)),
+            'A lease must end before its claim could be pruned: shorten the lease, extend it while '
+            'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
+    END IF;
+
+    IF tables IS NOT NULL THEN
+        -- Generations: a new claim goes into the generation claims go to by the claim
+        -- protocol, unique across all of them (dedup._write_lease). If the job has a row,
+        -- it is found and locked until we commit; an expired lease there is taken over, in
+        -- place in the generation claims go to (tables[1]), else moved to it: deleted, then
+        -- written again, so a copy that finds it waits for us. A row gone between the two
+        -- looks (released, forgotten, or moved by a caller that took it over) sends us round
+        -- again.
+        LOOP
+            lease_id := gen_random_uuid();
+            expires_at := clock_timestamp() + d;
+            IF dedup._write_lease('dedup.lease', job_id, scope, fingerprint, NULL, lease_id, expires_at, now()) THEN
+                status := 'acquired';
+                claimed_at := now();
+                PERFORM dedup._count(scope, status);
+                RETURN;
+            END IF;
+            tables := dedup._lease_tables('dedup.lease', job_id, scope, fingerprint);
+            held := NULL;
+            FOREACH tbl IN ARRAY tables LOOP
+                EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+                   INTO held USING job_id, scope;
+                EXIT WHEN held.job_id IS NOT NULL;
+            END LOOP;
+            CONTINUE WHEN held.job_id IS NULL;
+            -- Done, running, or another payload: answered below.
+            EXIT WHEN held.lease_expires_at IS NULL OR held.lease_expires_at >= clock_timestamp()
+                   OR (held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint);
+            expires_at := clock_timestamp() + d;
+            IF tbl = tables[1] THEN
+                EXECUTE format('UPDATE %s AS p SET processed_at = now(), fingerprint = coalesce($3, p.fingerprint), '
+                               'lease_id = $4, lease_expires_at = $5 WHERE p.job_id = $1 AND p.scope = $2', tbl)
+                  USING job_id, scope, fingerprint, lease_id, expires_at;
+            ELSE
+                EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+                  USING job_id, scope;
+                IF NOT dedup._write_lease('dedup.lease', job_id, scope, coalesce(fingerprint, held.fingerprint),
+                                          NULL, lease_id, expires_at, now()) THEN
+                    RAISE EXCEPTION USING ERRCODE = 'XX000',
+                        MESSAGE = format('dedup.lease: moving the expired lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+                END IF;
+            END IF;
+            status := 'acquired';
+            claimed_at := now();
+            PERFORM dedup._count(scope, status);
+            RETURN;
+        END LOOP;
+        lease_id := NULL;
+        expires_at := NULL;
+    ELSIF dedup._distributed() THEN
+        -- A new claim, or the takeover of an expired lease with a compatible fingerprint:
+        -- one statement, so one caller wins. Otherwise the row stays locked until we
+        -- commit. (The same on one server, below.)
+        t := clock_timestamp();
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < t
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    ELSE
+        INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
+        VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), clock_timestamp() + d)
+        ON CONFLICT ON CONSTRAINT processed_pkey DO UPDATE
+            SET processed_at = excluded.processed_at,
+                fingerprint = coalesce(excluded.fingerprint, p.fingerprint),
+                lease_id = excluded.lease_id,
+                lease_expires_at = excluded.lease_expires_at
+            WHERE p.lease_expires_at < clock_timestamp()
+              AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
+        RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
+    END IF;
+    IF tables IS NULL THEN
+        IF FOUND THEN
+            status := 'acquired';
+            PERFORM dedup._count(scope, status);
+            RETURN;
+        END IF;
+        SELECT * INTO STRICT held FROM dedup.processed AS p
+         WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
+    END IF;
+    IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
+        PERFORM dedup._count(scope, 'fingerprint_mismatch');
+        PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
+    END IF;
+    claimed_at := held.processed_at;
+    IF held.lease_expires_at IS NULL THEN
+        status := 'done';
+        result := held.result;
+    ELSE
+        status := 'busy';
+        expires_at := held.lease_expires_at;
+    END IF;
+    PERFORM dedup._count(scope, status, claimed_at);
+END
+$$;
+COMMENT ON FUNCTION dedup.lease(pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.text) IS
+'Lease a job before an external effect: status acquired (you hold it until expires_at), done (skip it; here is its result) or busy (leave the message unacknowledged).';
+
+-- A completed lease is done from its completion: retention counts from there. A NULL
+-- lease_id is named (22004) by complete, extend_lease and release_lease, instead of
+-- reported as a lost lease.
+CREATE OR REPLACE FUNCTION dedup.complete(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    result   pg_catalog.jsonb DEFAULT NULL,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t      timestamptz;
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
+BEGIN
+    tables := dedup._lease_tables('dedup.complete', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.complete: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    IF tables IS NOT NULL THEN
+        -- Generations: the lease is found (locked until we commit) and completed in place in
+        -- the generation claims go to (tables[1]), or moved there from an older one, so it
+        -- counts from its completion in a generation that is kept that long.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM complete.lease_id THEN
+            PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
+        ELSIF held.lease_expires_at IS NULL THEN
+            -- Completing twice with the same lease is a no-op: the first result stays.
+            RETURN;
+        ELSIF tbl = tables[1] THEN
+            EXECUTE format('UPDATE %s AS p SET lease_expires_at = NULL, result = $3, processed_at = clock_timestamp() '
+                           'WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope, result;
+        ELSE
+            EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope;
+            IF NOT dedup._write_lease('dedup.complete', job_id, scope, held.fingerprint, result, lease_id,
+                                      NULL, clock_timestamp()) THEN
+                RAISE EXCEPTION USING ERRCODE = 'XX000',
+                    MESSAGE = format('dedup.complete: moving the lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+            END IF;
+        END IF;
+        RETURN;
+    END IF;
+    -- Done from now on: processed_at becomes the moment the job was done, which retention
+    -- counts from, so it stays done for its scope's whole retention after this.
+    IF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = t
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    ELSE
+        UPDATE dedup.processed AS p
+           SET lease_expires_at = NULL, result = complete.result, processed_at = clock_timestamp()
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NOT NULL;
+    END IF;
+    IF NOT FOUND THEN
+        -- Completing twice with the same lease is a no-op: the first result stays.
+        PERFORM FROM dedup.processed AS p
+         WHERE p.job_id = complete.job_id AND p.scope = complete.scope
+           AND p.lease_id = complete.lease_id AND p.lease_expires_at IS NULL;
+        IF NOT FOUND THEN
+            PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
+        END IF;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION dedup.complete(pg_catalog.text, pg_catalog.uuid, pg_catalog.jsonb, pg_catalog.text) IS
+'Mark a leased job done, with its result; raises YD002 if the lease is no longer held.';
+
+-- An extension longer than the scope's retention is refused, as a lease that long is.
+CREATE OR REPLACE FUNCTION dedup.extend_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    duration pg_catalog.interval DEFAULT NULL,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    d      interval;
+    until  timestamptz;
+    t      timestamptz;
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
+BEGIN
+    tables := dedup._lease_tables('dedup.extend_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
+    IF d <= interval '0' THEN
+        PERFORM dedup._raise('22023', format('dedup.extend_lease: duration must be positive, not %s', d),
+                             'Pass how much longer the external effect may take.');
+    END IF;
+    IF d > dedup.retention(scope) THEN
+        PERFORM dedup._raise('22023',
+            format('dedup.extend_lease: an extension of %s is longer than the retention of scope %L (%s)',
+                   d, scope, dedup.retention(scope)),
+            'A lease must end before its claim could be pruned: extend it by less and more often, '
+            'or lengthen the retention (dedup.set_retention).');
+    END IF;
+    IF tables IS NOT NULL THEN
+        -- Generations: extended in place in the generation claims go to (tables[1]), or
+        -- moved there from an older one, which a running lease leaves before it retires.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM extend_lease.lease_id OR held.lease_expires_at IS NULL THEN
+            PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
+        END IF;
+        until := clock_timestamp() + d;
+        IF tbl = tables[1] THEN
+            EXECUTE format('UPDATE %s AS p SET lease_expires_at = $3 WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope, until;
+        ELSE
+            EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope;
+            IF NOT dedup._write_lease('dedup.extend_lease', job_id, scope, held.fingerprint, held.result,
+                                      lease_id, until, held.processed_at) THEN
+                RAISE EXCEPTION USING ERRCODE = 'XX000',
+                    MESSAGE = format('dedup.extend_lease: moving the lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+            END IF;
+        END IF;
+        RETURN until;
+    ELSIF dedup._distributed() THEN
+        t := clock_timestamp();
+        UPDATE dedup.processed AS p SET lease_expires_at = t + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    ELSE
+        UPDATE dedup.processed AS p SET lease_expires_at = clock_timestamp() + d
+         WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
+           AND p.lease_id = extend_lease.lease_id AND p.lease_expires_at IS NOT NULL
+        RETURNING p.lease_expires_at INTO until;
+    END IF;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
+    END IF;
+    RETURN until;
+END
+$$;
+COMMENT ON FUNCTION dedup.extend_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.interval, pg_catalog.text) IS
+'Extend a held lease (heartbeat); returns the new expiry; raises YD002 if it is no longer held.';
+CREATE OR REPLACE FUNCTION dedup.release_lease(
+    job_id   pg_catalog.text,
+    lease_id pg_catalog.uuid,
+    scope    pg_catalog.text DEFAULT 'default')
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
+BEGIN
+    tables := dedup._lease_tables('dedup.release_lease', job_id, scope, NULL);
+    IF lease_id IS NULL THEN
+        PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
+                             'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    IF tables IS NOT NULL THEN
+        -- Generations: deleted from the generation that holds it.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM release_lease.lease_id OR held.lease_expires_at IS NULL THEN
+            PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+        END IF;
+        EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+          USING job_id, scope;
+        RETURN;
+    END IF;
+    DELETE FROM dedup.processed AS p
+     WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
+       AND p.lease_id = release_lease.lease_id AND p.lease_expires_at IS NOT NULL;
+    IF NOT FOUND THEN
+        PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION dedup.release_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.text) IS
+'Give a held lease back after a failure, so a retry need not wait for it to expire.';

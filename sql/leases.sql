@@ -77,12 +77,15 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    d     interval;
-    held  dedup.processed;
-    t     timestamptz;
+    d      interval;
+    held   dedup.processed;
+    t      timestamptz;
+    tables text[];
+    tbl    text;
 BEGIN
-    -- (loads the library, and with it the setting dedup.lease_duration)
-    PERFORM dedup._check_claim('dedup.lease', job_id, scope, fingerprint);
+    -- The checks (and it loads the library, with it the setting dedup.lease_duration), and
+    -- the generations' tables where the database uses them.
+    tables := dedup._lease_tables('dedup.lease', job_id, scope, fingerprint);
     d := coalesce(duration, pg_catalog.current_setting('dedup.lease_duration')::interval);
     IF d <= interval '0' THEN
         PERFORM dedup._raise('22023', format('dedup.lease: duration must be positive, not %s', d),
@@ -96,9 +99,59 @@ BEGIN
             'working (dedup.extend_lease), or lengthen the retention (dedup.set_retention).');
     END IF;
 
-    -- A new claim, or the takeover of an expired lease with a compatible fingerprint: one
-    -- statement, so one caller wins. Otherwise the row stays locked until we commit.
-    IF dedup._distributed() THEN
+    IF tables IS NOT NULL THEN
+        -- Generations: a new claim goes into the generation claims go to by the claim
+        -- protocol, unique across all of them (dedup._write_lease). If the job has a row,
+        -- it is found and locked until we commit; an expired lease there is taken over, in
+        -- place in the generation claims go to (tables[1]), else moved to it: deleted, then
+        -- written again, so a copy that finds it waits for us. A row gone between the two
+        -- looks (released, forgotten, or moved by a caller that took it over) sends us round
+        -- again.
+        LOOP
+            lease_id := gen_random_uuid();
+            expires_at := clock_timestamp() + d;
+            IF dedup._write_lease('dedup.lease', job_id, scope, fingerprint, NULL, lease_id, expires_at, now()) THEN
+                status := 'acquired';
+                claimed_at := now();
+                PERFORM dedup._count(scope, status);
+                RETURN;
+            END IF;
+            tables := dedup._lease_tables('dedup.lease', job_id, scope, fingerprint);
+            held := NULL;
+            FOREACH tbl IN ARRAY tables LOOP
+                EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+                   INTO held USING job_id, scope;
+                EXIT WHEN held.job_id IS NOT NULL;
+            END LOOP;
+            CONTINUE WHEN held.job_id IS NULL;
+            -- Done, running, or another payload: answered below.
+            EXIT WHEN held.lease_expires_at IS NULL OR held.lease_expires_at >= clock_timestamp()
+                   OR (held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint);
+            expires_at := clock_timestamp() + d;
+            IF tbl = tables[1] THEN
+                EXECUTE format('UPDATE %s AS p SET processed_at = now(), fingerprint = coalesce($3, p.fingerprint), '
+                               'lease_id = $4, lease_expires_at = $5 WHERE p.job_id = $1 AND p.scope = $2', tbl)
+                  USING job_id, scope, fingerprint, lease_id, expires_at;
+            ELSE
+                EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+                  USING job_id, scope;
+                IF NOT dedup._write_lease('dedup.lease', job_id, scope, coalesce(fingerprint, held.fingerprint),
+                                          NULL, lease_id, expires_at, now()) THEN
+                    RAISE EXCEPTION USING ERRCODE = 'XX000',
+                        MESSAGE = format('dedup.lease: moving the expired lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+                END IF;
+            END IF;
+            status := 'acquired';
+            claimed_at := now();
+            PERFORM dedup._count(scope, status);
+            RETURN;
+        END LOOP;
+        lease_id := NULL;
+        expires_at := NULL;
+    ELSIF dedup._distributed() THEN
+        -- A new claim, or the takeover of an expired lease with a compatible fingerprint:
+        -- one statement, so one caller wins. Otherwise the row stays locked until we
+        -- commit. (The same on one server, below.)
         t := clock_timestamp();
         INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, lease_id, lease_expires_at)
         VALUES (scope, job_id, now(), fingerprint, gen_random_uuid(), t + d)
@@ -122,14 +175,15 @@ BEGIN
               AND (p.fingerprint IS NULL OR excluded.fingerprint IS NULL OR p.fingerprint = excluded.fingerprint)
         RETURNING p.lease_id, p.lease_expires_at, p.processed_at INTO lease_id, expires_at, claimed_at;
     END IF;
-    IF FOUND THEN
-        status := 'acquired';
-        PERFORM dedup._count(scope, status);
-        RETURN;
+    IF tables IS NULL THEN
+        IF FOUND THEN
+            status := 'acquired';
+            PERFORM dedup._count(scope, status);
+            RETURN;
+        END IF;
+        SELECT * INTO STRICT held FROM dedup.processed AS p
+         WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
     END IF;
-
-    SELECT * INTO STRICT held FROM dedup.processed AS p
-     WHERE p.job_id = lease.job_id AND p.scope = lease.scope;
     IF held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint THEN
         PERFORM dedup._count(scope, 'fingerprint_mismatch');
         PERFORM dedup._fingerprint_mismatch('dedup.lease', job_id, scope);
@@ -156,12 +210,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     held dedup.processed;
+    tbl  text;
 BEGIN
-    SELECT * INTO held FROM dedup.processed AS p WHERE p.job_id = _lease_lost.job_id AND p.scope = _lease_lost.scope;
+    -- dedup.processed, or every generation where the database uses them.
+    FOREACH tbl IN ARRAY dedup._claim_tables(func, job_id, scope) LOOP
+        EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+           INTO held USING job_id, scope;
+        EXIT WHEN held.job_id IS NOT NULL;
+    END LOOP;
     RETURN dedup._raise('YD002',
         format('%s: lease %s on job %L in scope %L is not held: %s', func, lease_id, job_id, scope,
             CASE
-                WHEN NOT FOUND THEN 'there is no lease on the job (never leased, released, or pruned)'
+                WHEN held.job_id IS NULL THEN 'there is no lease on the job (never leased, released, or pruned)'
                 WHEN held.lease_id IS DISTINCT FROM lease_id AND held.lease_expires_at IS NULL
                     THEN 'the job is done, by another claim'
                 WHEN held.lease_id IS DISTINCT FROM lease_id
@@ -187,12 +247,44 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    t timestamptz;
+    t      timestamptz;
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
 BEGIN
-    PERFORM dedup._check_claim('dedup.complete', job_id, scope, NULL);
+    tables := dedup._lease_tables('dedup.complete', job_id, scope, NULL);
     IF lease_id IS NULL THEN
         PERFORM dedup._raise('22004', 'dedup.complete: lease_id must not be NULL',
                              'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    IF tables IS NOT NULL THEN
+        -- Generations: the lease is found (locked until we commit) and completed in place in
+        -- the generation claims go to (tables[1]), or moved there from an older one, so it
+        -- counts from its completion in a generation that is kept that long.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM complete.lease_id THEN
+            PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
+        ELSIF held.lease_expires_at IS NULL THEN
+            -- Completing twice with the same lease is a no-op: the first result stays.
+            RETURN;
+        ELSIF tbl = tables[1] THEN
+            EXECUTE format('UPDATE %s AS p SET lease_expires_at = NULL, result = $3, processed_at = clock_timestamp() '
+                           'WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope, result;
+        ELSE
+            EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope;
+            IF NOT dedup._write_lease('dedup.complete', job_id, scope, held.fingerprint, result, lease_id,
+                                      NULL, clock_timestamp()) THEN
+                RAISE EXCEPTION USING ERRCODE = 'XX000',
+                    MESSAGE = format('dedup.complete: moving the lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+            END IF;
+        END IF;
+        RETURN;
     END IF;
     -- Done from now on: processed_at becomes the moment the job was done, which retention
     -- counts from, so it stays done for its scope's whole retention after this.
@@ -231,11 +323,14 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    d     interval;
-    until timestamptz;
-    t     timestamptz;
+    d      interval;
+    until  timestamptz;
+    t      timestamptz;
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
 BEGIN
-    PERFORM dedup._check_claim('dedup.extend_lease', job_id, scope, NULL);
+    tables := dedup._lease_tables('dedup.extend_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
         PERFORM dedup._raise('22004', 'dedup.extend_lease: lease_id must not be NULL',
                              'Pass the lease_id that dedup.lease returned with status ''acquired''.');
@@ -252,7 +347,32 @@ BEGIN
             'A lease must end before its claim could be pruned: extend it by less and more often, '
             'or lengthen the retention (dedup.set_retention).');
     END IF;
-    IF dedup._distributed() THEN
+    IF tables IS NOT NULL THEN
+        -- Generations: extended in place in the generation claims go to (tables[1]), or
+        -- moved there from an older one, which a running lease leaves before it retires.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM extend_lease.lease_id OR held.lease_expires_at IS NULL THEN
+            PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
+        END IF;
+        until := clock_timestamp() + d;
+        IF tbl = tables[1] THEN
+            EXECUTE format('UPDATE %s AS p SET lease_expires_at = $3 WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope, until;
+        ELSE
+            EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+              USING job_id, scope;
+            IF NOT dedup._write_lease('dedup.extend_lease', job_id, scope, held.fingerprint, held.result,
+                                      lease_id, until, held.processed_at) THEN
+                RAISE EXCEPTION USING ERRCODE = 'XX000',
+                    MESSAGE = format('dedup.extend_lease: moving the lease on job %L in scope %L out of %s failed', job_id, scope, tbl);
+            END IF;
+        END IF;
+        RETURN until;
+    ELSIF dedup._distributed() THEN
         t := clock_timestamp();
         UPDATE dedup.processed AS p SET lease_expires_at = t + d
          WHERE p.job_id = extend_lease.job_id AND p.scope = extend_lease.scope
@@ -279,11 +399,29 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    tables text[];
+    tbl    text;
+    held   dedup.processed;
 BEGIN
-    PERFORM dedup._check_claim('dedup.release_lease', job_id, scope, NULL);
+    tables := dedup._lease_tables('dedup.release_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
         PERFORM dedup._raise('22004', 'dedup.release_lease: lease_id must not be NULL',
                              'Pass the lease_id that dedup.lease returned with status ''acquired''.');
+    END IF;
+    IF tables IS NOT NULL THEN
+        -- Generations: deleted from the generation that holds it.
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            EXIT WHEN held.job_id IS NOT NULL;
+        END LOOP;
+        IF held.lease_id IS DISTINCT FROM release_lease.lease_id OR held.lease_expires_at IS NULL THEN
+            PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
+        END IF;
+        EXECUTE format('DELETE FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
+          USING job_id, scope;
+        RETURN;
     END IF;
     DELETE FROM dedup.processed AS p
      WHERE p.job_id = release_lease.job_id AND p.scope = release_lease.scope
@@ -315,6 +453,8 @@ REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FRO
 REVOKE ALL ON FUNCTION dedup._raise(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._check_claim(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._lease_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._write_lease(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.uuid, pg_catalog.timestamptz, pg_catalog.timestamptz) FROM PUBLIC;
 
 COMMENT ON FUNCTION dedup.try_claim(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
 'dedup.try_claim with a payload fingerprint: a later claim of the same job with another fingerprint raises YD001 instead of returning false.';

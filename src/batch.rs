@@ -94,7 +94,7 @@ fn claim_many(
         // parallel mode), on the backend's main thread, under the pgrx guard of the
         // #[pg_extern] try_claim_many that called us.
         unsafe {
-            claim::insert_claims(FUNC, scope, &pairs, true, |_, outcome| {
+            claim::insert_claims(FUNC, scope, &pairs, true, None, |_, outcome| {
                 // A key's claim began when the one before it ended: the wait of a busy key
                 // is its own.
                 let now = crate::stats::clock_if_counting();

@@ -148,6 +148,18 @@ pub(crate) enum Outcome {
     FingerprintMismatch,
 }
 
+/// The columns a lease function's row sets besides its key and fingerprint
+/// (`dedup._write_lease`): its processed_at (a claim's is its transaction's start), result,
+/// lease_id and lease_expires_at (None: NULL). Each datum lives as long as the call of
+/// [`insert_claims`] that writes it.
+#[derive(Clone, Copy)]
+pub(crate) struct LeaseRow {
+    pub(crate) processed_at: pg_sys::Datum,
+    pub(crate) result: Option<pg_sys::Datum>,
+    pub(crate) lease_id: Option<pg_sys::Datum>,
+    pub(crate) lease_expires_at: Option<pg_sys::Datum>,
+}
+
 /// A fingerprint is 1 to [`error::MAX_FINGERPRINT_BYTES`] bytes.
 pub(crate) fn check_fingerprint(func: &str, fingerprint: &str) {
     error::check_length(
@@ -267,9 +279,14 @@ pub(crate) fn count_at(
 /// state's memory with the caller's memory context it is a child of.
 unsafe fn insert_claim(scope: &str, job_id: &str, fingerprint: Option<&str>) -> Outcome {
     let mut outcome = Outcome::Claimed;
-    insert_claims(FUNC, scope, &[(job_id, fingerprint)], false, |_, o| {
-        outcome = o
-    });
+    insert_claims(
+        FUNC,
+        scope,
+        &[(job_id, fingerprint)],
+        false,
+        None,
+        |_, o| outcome = o,
+    );
     outcome
 }
 
@@ -290,6 +307,7 @@ pub(crate) unsafe fn insert_claims(
     scope: &str,
     keys: &[(&str, Option<&str>)],
     batch: bool,
+    row: Option<LeaseRow>,
     mut each: impl FnMut(usize, Outcome),
 ) {
     // In a database that uses generations, a claim whose generations changed while it ran
@@ -300,7 +318,7 @@ pub(crate) unsafe fn insert_claims(
         // A claim can start over many times only if the generations keep changing.
         pg_sys::check_for_interrupts!();
         // SAFETY: the contract of this function.
-        let next = insert_claims_from(func, scope, keys, start, batch, &mut each);
+        let next = insert_claims_from(func, scope, keys, start, batch, row, &mut each);
         if next >= keys.len() {
             break;
         }
@@ -320,6 +338,7 @@ unsafe fn insert_claims_from(
     keys: &[(&str, Option<&str>)],
     start: usize,
     batch: bool,
+    row: Option<LeaseRow>,
     each: &mut impl FnMut(usize, Outcome),
 ) -> usize {
     // The generations of this database (None: it uses the one table dedup.processed), read
@@ -341,6 +360,9 @@ unsafe fn insert_claims_from(
     let layout = check_layout(rel, func);
     if keys.iter().any(|(_, fp)| fp.is_some()) && layout == Layout::Claims {
         error::needs_update(func, "a payload fingerprint", "0.3.0");
+    }
+    if row.is_some() && layout == Layout::Claims {
+        error::needs_update(func, "a lease", "0.3.0");
     }
 
     // SAFETY: CreateExecutorState makes the "ExecutorState" context es_query_cxt as a child
@@ -434,7 +456,16 @@ unsafe fn insert_claims_from(
         }
         // A batch of thousands can be cancelled between two of its claims.
         pg_sys::check_for_interrupts!();
-        store_key(slot, rel, layout, scope_datum, now, job_id, fingerprint);
+        store_key(
+            slot,
+            rel,
+            layout,
+            scope_datum,
+            now,
+            job_id,
+            fingerprint,
+            row,
+        );
         let mut check_first = !batch || i == start || conflicts;
         let key = if !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) {
             crate::generations::summary::hash(scope, job_id)
@@ -481,6 +512,7 @@ unsafe fn insert_claims_from(
                 key,
             },
             fingerprint,
+            row.is_some(),
             check_first,
             &mut ids,
             &mut conflicts,
@@ -586,13 +618,14 @@ struct Executor {
     arbiters: *mut pg_sys::List,
 }
 
-/// Put one key's row into `slot`: scope, job_id, processed_at, fingerprint; no result, no
-/// lease.
+/// Put one key's row into `slot`: scope, job_id, processed_at, fingerprint; no result and
+/// no lease for a claim, the lease function's `row` otherwise.
 ///
 /// # Safety
 ///
 /// `slot` is [`insert_claims`]'s slot for `rel`, in es_query_cxt (the current memory
-/// context), with layout.columns() values.
+/// context), with layout.columns() values (the Leases layout when `row` is given); the
+/// datums of `row` live as long as the call of [`insert_claims`].
 #[inline]
 #[allow(clippy::too_many_arguments)]
 unsafe fn store_key(
@@ -603,6 +636,7 @@ unsafe fn store_key(
     now: pg_sys::Datum,
     job_id: &str,
     fingerprint: Option<&str>,
+    row: Option<LeaseRow>,
 ) {
     pg_sys::ExecClearTuple(slot);
     {
@@ -623,6 +657,21 @@ unsafe fn store_key(
         if let Some(fp) = fingerprint {
             values[3] = text_datum(fp);
             nulls[3] = false;
+        }
+        // A lease function's row (the insert_claims_from check made the layout Leases):
+        // its own processed_at, result, lease_id and lease_expires_at.
+        if let Some(row) = row {
+            values[2] = row.processed_at;
+            for (i, v) in [
+                (4, row.result),
+                (5, row.lease_id),
+                (6, row.lease_expires_at),
+            ] {
+                if let Some(v) = v {
+                    values[i] = v;
+                    nulls[i] = false;
+                }
+            }
         }
     }
     unguarded::ExecStoreVirtualTuple(slot);
@@ -646,6 +695,7 @@ unsafe fn speculative_claim(
     ex: Executor,
     gens: Generations,
     fingerprint: Option<&str>,
+    lease: bool,
     check_first: bool,
     ids: &mut Option<(pg_sys::TransactionId, pg_sys::CommandId)>,
     conflicts: &mut bool,
@@ -690,13 +740,15 @@ unsafe fn speculative_claim(
                     layout,
                     &mut conflict_tid,
                     fingerprint,
+                    lease,
                 ));
             }
             // And in the other generations: a duplicate of an older claim is answered
             // without inserting (no dead row in the current generation), after waiting,
             // holding no token, for a copy in flight there. Not conclusive, as the check
             // above: the cross-check after the insert is.
-            if let Some(o) = precheck_others(func, gens, job_datum, scope_datum, fingerprint) {
+            if let Some(o) = precheck_others(func, gens, job_datum, scope_datum, fingerprint, lease)
+            {
                 *conflicts = true;
                 break Some(o);
             }
@@ -768,6 +820,7 @@ unsafe fn speculative_claim(
                     o.layout,
                     &mut tid,
                     fingerprint,
+                    lease,
                 ));
             }
             Some(Cross::Found(o, found)) => {
@@ -812,6 +865,7 @@ unsafe fn precheck_others(
     job_datum: pg_sys::Datum,
     scope_datum: pg_sys::Datum,
     fingerprint: Option<&str>,
+    lease: bool,
 ) -> Option<Outcome> {
     for o in gens.others {
         // The summary of a sealed generation: a new key (the common case) skips its probe.
@@ -829,6 +883,7 @@ unsafe fn precheck_others(
                         o.layout,
                         &mut tid,
                         fingerprint,
+                        lease,
                     ));
                 }
                 found => {
@@ -847,7 +902,8 @@ unsafe fn precheck_others(
 /// concurrent transaction committed it after our snapshot was taken) is a serialization
 /// failure, exactly as for INSERT ... ON CONFLICT DO NOTHING (ExecCheckTIDVisible). A lease
 /// (dedup.lease) is not a claim `try_claim` can report on. Otherwise it is a duplicate,
-/// unless both claims carry a payload fingerprint and they differ.
+/// unless both claims carry a payload fingerprint and they differ. For a lease function's
+/// row (`lease`) every committed row is a duplicate: the function locks it and looks.
 ///
 /// # Safety
 ///
@@ -867,6 +923,7 @@ unsafe fn inspect_conflict(
     layout: Layout,
     tid: &mut pg_sys::ItemPointerData,
     fingerprint: Option<&str>,
+    lease: bool,
 ) -> Outcome {
     // SAFETY: table_slot_create makes a standalone slot in es_query_cxt, valid until the
     // ExecDropSingleTupleTableSlot on either return path (on an ERROR, es_query_cxt's
@@ -919,7 +976,7 @@ unsafe fn inspect_conflict(
     } else {
         Outcome::Duplicate { claimed_at }
     };
-    if layout == Layout::Claims {
+    if layout == Layout::Claims || lease {
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         return duplicate;
     }

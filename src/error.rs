@@ -30,7 +30,7 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
-        } else if arg == "func" || arg == "event" {
+        } else if matches!(arg, "func" | "event" | "processed_at") {
             "This internal function is called by dedup's own functions with a constant here: \
              call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead."
         } else if arg == "fingerprints" {
@@ -460,30 +460,6 @@ pub fn generations_already(func: &str) -> ! {
         format!("{func}: this database uses generations already"),
         "See dedup.generations; the background worker rotates them (or call \
          dedup.rotate_generations()).",
-    )
-}
-
-/// `dedup.use_generations()` while `dedup.processed` holds leases not completed: once the
-/// lease functions refuse, nobody could complete or take them over.
-pub fn generations_leases(func: &str, leases: i64) -> ! {
-    raise(
-        PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
-        format!("{func}: {leases} lease(s) in dedup.processed are not completed"),
-        "Leases are not available in a database that uses generations yet: complete or \
-         release the running ones (dedup.complete, dedup.release_lease), forget the expired \
-         ones nobody will take over (dedup.forget), then call it again.",
-    )
-}
-
-/// A function that reads `dedup.processed` alone, called in a database that uses
-/// generations.
-pub fn generations_refuse(func: &str) -> ! {
-    raise(
-        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-        format!("{func} is not available yet in a database that uses generations"),
-        "Leases come to generations in a later version (issue 26, slice 3); claim with \
-         dedup.try_claim or dedup.try_claim_many (dedup.set_result, dedup.claim_result and \
-         dedup.forget work with generations).",
     )
 }
 

@@ -10,7 +10,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 
 /// `dedup._check_claim(func, job_id, scope, fingerprint)`: the checks every claim and lease
-/// makes, with errors that name `func`.
+/// makes, with errors that name `func` (the lease functions of 0.3.0 to 0.6.0 call it; those
+/// of 0.7.0 call `dedup._lease_tables`, which makes the same checks first).
 #[pg_extern(name = "_check_claim", volatile, parallel_unsafe)]
 fn check_claim(
     func: Option<&str>,
@@ -20,13 +21,10 @@ fn check_claim(
 ) {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._check_claim", "func"));
     check_args(func, job_id, scope, fingerprint);
-    // The lease functions read and write dedup.processed alone (stored results and forget
-    // do not call this: they look in every generation, dedup._claim_tables).
-    crate::generations::refuse(func);
 }
 
-/// `dedup._claim_tables(func, job_id, scope)`: the checks of `dedup._check_claim` but the
-/// refusal where generations are on, then the tables a claim of the job may be in, newest
+/// `dedup._claim_tables(func, job_id, scope)`: the checks of `dedup._check_claim`, then the
+/// tables a claim of the job may be in, newest
 /// generation first (each locked in share mode to the end of the transaction), or
 /// `{dedup.processed}` where generations are not used: `dedup.forget`'s.
 #[pg_extern(name = "_claim_tables", volatile, parallel_unsafe)]
@@ -36,8 +34,80 @@ fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str
     claim_tables(func)
 }
 
-/// The checks of [`check_claim`] but the refusal where generations are on; also
-/// `set_result`'s and `_claim_tables`'s, which look in every generation.
+/// `dedup._lease_tables(func, job_id, scope, fingerprint)`: the checks of
+/// `dedup._check_claim`, then the tables a lease function looks for the job in: NULL where
+/// the database does not use generations (the function uses `dedup.processed`, and
+/// `use_generations()` waits for this transaction), every generation's otherwise, newest
+/// first, each locked in share mode to the end of the transaction; the first is the one
+/// claims go to (`generations::lease_tables`).
+#[pg_extern(name = "_lease_tables", volatile, parallel_unsafe)]
+fn lease_tables(
+    func: Option<&str>,
+    job_id: Option<&str>,
+    scope: Option<&str>,
+    fingerprint: Option<&str>,
+) -> Option<Vec<String>> {
+    let func = func.unwrap_or_else(|| error::null_argument("dedup._lease_tables", "func"));
+    check_args(func, job_id, scope, fingerprint);
+    // SAFETY: in this #[pg_extern] function's transaction, under its guard.
+    unsafe { crate::generations::lease_tables(func) }
+}
+
+/// `dedup._write_lease(func, job_id, scope, fingerprint, result, lease_id, lease_expires_at,
+/// processed_at)`: a lease function's row for a job, in a database that uses generations,
+/// inserted into the generation claims go to by the claim protocol (`try_claim`'s: unique
+/// across every generation, waiting for a copy in flight in any of them): true; false when
+/// a row of the job exists (in any generation, committed or this transaction's), which the
+/// caller then finds and locks. A lease taken over, extended or completed in an older
+/// generation is moved here: the caller deletes the old row first, in this transaction, so
+/// a concurrent claimer that finds it waits for this one.
+#[pg_extern(name = "_write_lease", volatile, parallel_unsafe)]
+#[allow(clippy::too_many_arguments)]
+fn write_lease(
+    func: Option<&str>,
+    job_id: Option<&str>,
+    scope: Option<&str>,
+    fingerprint: Option<&str>,
+    result: Option<JsonB>,
+    lease_id: Option<pgrx::Uuid>,
+    lease_expires_at: Option<pgrx::datum::TimestampWithTimeZone>,
+    processed_at: Option<pgrx::datum::TimestampWithTimeZone>,
+) -> bool {
+    let func = func.unwrap_or_else(|| error::null_argument("dedup._write_lease", "func"));
+    check_args(func, job_id, scope, fingerprint);
+    let (job_id, scope) = (job_id.unwrap_or_default(), scope.unwrap_or_default());
+    // The datums are made in this call's memory context, which outlives insert_claims.
+    let processed_at = processed_at
+        .and_then(IntoDatum::into_datum)
+        .unwrap_or_else(|| error::null_argument(func, "processed_at"));
+    let row = claim::LeaseRow {
+        processed_at,
+        result: result.and_then(IntoDatum::into_datum),
+        lease_id: lease_id.and_then(IntoDatum::into_datum),
+        lease_expires_at: lease_expires_at.and_then(IntoDatum::into_datum),
+    };
+    let mut written = false;
+    // SAFETY: insert_claims' contract: in a transaction that may write (check_args refused
+    // a standby, a read-only transaction and parallel mode), on the backend's main thread,
+    // under this #[pg_extern] function's guard; the row's datums live in this call's
+    // memory context.
+    unsafe {
+        claim::insert_claims(
+            func,
+            scope,
+            &[(job_id, fingerprint)],
+            false,
+            Some(row),
+            |_, o| {
+                written = o == claim::Outcome::Claimed;
+            },
+        );
+    }
+    written
+}
+
+/// The checks of [`check_claim`], `_lease_tables`, `_write_lease`, `set_result` and
+/// `_claim_tables`.
 fn check_args(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint: Option<&str>) {
     let job_id = job_id.unwrap_or_else(|| error::null_argument(func, "job_id"));
     error::check_length(func, || "job_id", job_id, error::MAX_JOB_ID_BYTES);

@@ -41,6 +41,8 @@ extension_sql_file!(
         "retention",
         claim::try_claim_fingerprint,
         lease::check_claim,
+        lease::lease_tables,
+        lease::write_lease,
         lease::set_result,
         lease::claim_result_row,
         prune::settings::retention

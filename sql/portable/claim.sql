@@ -68,6 +68,40 @@ BEGIN
 END
 $$;
 
+-- The tables a lease function looks for its job in: NULL, which makes it use
+-- dedup.processed (no generations here), after the checks of dedup._check_claim.
+CREATE FUNCTION dedup._lease_tables(
+    func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, fingerprint pg_catalog.text)
+RETURNS pg_catalog.text[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+    PERFORM dedup._check_claim(func, job_id, scope, fingerprint);
+    RETURN NULL;
+END
+$$;
+
+-- A lease function's row where generations are used: never called here (dedup._lease_tables
+-- is NULL), and written as the one table would take it: inserted unless the job has a row.
+CREATE FUNCTION dedup._write_lease(
+    func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text, fingerprint pg_catalog.text,
+    result pg_catalog.jsonb, lease_id pg_catalog.uuid, lease_expires_at pg_catalog.timestamptz,
+    processed_at pg_catalog.timestamptz)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $$
+BEGIN
+    PERFORM dedup._check_claim(func, job_id, scope, fingerprint);
+    IF processed_at IS NULL THEN
+        PERFORM dedup._portable_error('null', func, 'processed_at');
+    END IF;
+    INSERT INTO dedup.processed AS p (scope, job_id, processed_at, fingerprint, result, lease_id, lease_expires_at)
+    VALUES (scope, job_id, processed_at, fingerprint, result, lease_id, lease_expires_at)
+    ON CONFLICT ON CONSTRAINT processed_pkey DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+
 -- Whether a visible row whose 32-bit xmin is xmin32 was written by this transaction (a
 -- savepoint of it included): the row is visible, and pg_xact_status says 'in progress' only
 -- for this transaction's own ids. Its ids are its top-level id and the later ids of its

@@ -41,6 +41,9 @@ BEGIN
             WHEN arg = 'fingerprints' THEN
                 'Pass one fingerprint per job id, in the same order (NULL for a job without one), or '
                 'leave the argument out.'
+            WHEN arg IN ('func', 'event', 'processed_at') THEN
+                'This internal function is called by dedup''s own functions with a constant here: '
+                'call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead.'
             ELSE
                 'A job without an id cannot be deduplicated: pass the message''s unique id (a NULL '
                 'claim read as "not claimed" would skip the job).'

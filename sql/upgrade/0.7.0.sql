@@ -10,6 +10,8 @@
 --@ create library dedup._claim_tables
 --@ create library dedup.generation_summaries
 --@ create library dedup._generations_changed
+--@ create library dedup._lease_tables
+--@ create library dedup._write_lease
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -17,3 +19,14 @@
 
 -- dedup.forget finds the claim in every generation (dedup._claim_tables).
 --@ replace retention.sql dedup.forget(text, text)
+
+-- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease): a
+-- lease found in an older generation moves to the one claims go to when it is taken over,
+-- extended or completed; dedup._lease_lost explains a lost lease from every generation.
+--@ create leases.sql dedup._lease_tables
+--@ create leases.sql dedup._write_lease
+--@ replace leases.sql dedup._lease_lost(text, text, text, uuid)
+--@ replace leases.sql dedup.lease(text, text, interval, text)
+--@ replace leases.sql dedup.complete(text, uuid, jsonb, text)
+--@ replace leases.sql dedup.extend_lease(text, uuid, interval, text)
+--@ replace leases.sql dedup.release_lease(text, uuid, text)

@@ -174,25 +174,42 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
     list(func).1.is_some()
 }
 
-/// Refuse `func` in a database that uses generations: the lease functions read and write
-/// `dedup.processed` alone (issue 26, slice 3 moves them). Stored results and `forget` do
-/// not call this: they look in every generation ([`tables`]).
+/// The tables a lease function (`dedup.lease`, `complete`, `extend_lease`,
+/// `release_lease`) looks for its job in, newest generation first, each locked in share mode
+/// to the end of the transaction, with the list current after the locks (so the first is
+/// the generation claims go to, and a seal of it waits for this transaction); None in a
+/// database that does not use generations, where the function uses `dedup.processed`.
 ///
-/// Otherwise hold off `use_generations()` until this transaction ends, and look again: a
-/// `use_generations()` that committed after the first look (the lock waited for it) would
-/// otherwise let a lease insert into `dedup.processed` after generation 1 took claims, and
-/// a copy claimed there in the meantime would not be seen: one job granted twice.
-pub(crate) fn refuse(func: &str) {
-    // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
-    if unsafe { in_use(func) } {
-        error::generations_refuse(func);
+/// Where generations are not used, `use_generations()` is held off until this transaction
+/// ends, and the list looked at again: a `use_generations()` that committed after the first
+/// look (the lock waited for it) would otherwise let a lease insert into `dedup.processed`
+/// with its `INSERT ... ON CONFLICT` after generation 1 took claims, and a copy claimed
+/// there in the meantime would not be seen: one job granted twice.
+///
+/// # Safety
+///
+/// As for [`list`].
+pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
+    if !in_use(func) {
+        epoch::hold_off_publishing();
+        // The epoch moved if a publication committed since the first look: the list is
+        // read again (with a snapshot taken now) only then.
+        if !in_use(func) {
+            return None;
+        }
     }
-    epoch::hold_off_publishing();
-    // The epoch moved if a publication committed since the first look: the list is read
-    // again (with a snapshot taken now) only then.
-    // SAFETY: as above.
-    if unsafe { in_use(func) } {
-        error::generations_refuse(func);
+    loop {
+        let (epoch, _) = list(func);
+        let tables = tables(func)?;
+        // Locked, then the epoch read again: unchanged, so no publication committed before
+        // the locks, and a later one's seal waits for this transaction (the claim path's
+        // rule). A lease written in place in the first table is in the generation claims go
+        // to, or in one whose seal time comes after this transaction.
+        if epoch.is_some_and(|e| epoch::read_even() == e) {
+            return Some(tables);
+        }
+        forget();
+        pg_sys::check_for_interrupts!();
     }
 }
 

@@ -63,25 +63,10 @@ pub(crate) fn use_generations() -> String {
         error::generations_already(F);
     }
     // The publishing lock waited for every transaction that called a lease function (they
-    // hold it in share mode: generations::refuse), so every lease in
-    // dedup.processed has committed or is gone. An unfinished one (running, or expired and
-    // not taken over) could neither be completed nor taken over once its functions refuse:
-    // its holder finishes or releases it first.
-    let leases = Spi::connect_mut(|c| {
-        c.update(
-            "SELECT pg_catalog.count(*) FROM dedup.processed AS p \
-              WHERE p.lease_expires_at IS NOT NULL",
-            None,
-            &[],
-        )?
-        .first()
-        .get_one::<i64>()
-    })
-    .unwrap_or_else(|e| pgrx::error!("{F}: reading dedup.processed failed: {e}"))
-    .unwrap_or(0);
-    if leases > 0 {
-        error::generations_leases(F, leases);
-    }
+    // hold it in share mode: generations::lease_tables), so no lease is on its way into
+    // dedup.processed by its INSERT ... ON CONFLICT; the leases there (running, or expired
+    // and not taken over) are found in generation 0 by the lease functions from the commit
+    // on, and moved out of it when taken over, extended or completed.
     exec(
         "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
          VALUES (0, 'processed', $1::pg_catalog.regclass, 'current', pg_catalog.now())",
@@ -776,6 +761,15 @@ fn retire(retention: &Retention) -> Option<String> {
     let g = load(false, retention)
         .into_iter()
         .find(|g| g.state == SEALED && g.retire_due)?;
+    // A lease still running there is not retired with it (a copy would lease the job again
+    // while its holder works). A sealed generation gains no lease: one taken over, extended
+    // or completed moves to the generation claims go to, so the count can only fall. A
+    // lease is never longer than its scope's retention, so one is found here only after
+    // that retention was shortened.
+    // Looked at before the publishing lock, whose transaction moves the epoch.
+    if let Some(held) = running_leases(&g) {
+        return Some(held);
+    }
     epoch::publishing();
     let g = reread(&g, retention)?;
     change_row(
@@ -804,6 +798,33 @@ fn retire(retention: &Retention) -> Option<String> {
             )
         }
     ))
+}
+
+/// What holds back the retirement of `g`: the leases in it that have not expired, or None.
+fn running_leases(g: &Row) -> Option<String> {
+    let (count, until) = Spi::connect_mut(|c| {
+        let row = c
+            .update(
+                &format!(
+                    "SELECT pg_catalog.count(*), pg_catalog.max(p.lease_expires_at)::pg_catalog.text \
+                       FROM dedup.{} AS p \
+                      WHERE p.lease_expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()",
+                    super::relname_of(g.n)
+                ),
+                None,
+                &[],
+            )?
+            .first();
+        Ok::<_, pgrx::spi::Error>((row.get::<i64>(1)?.unwrap_or(0), row.get::<String>(2)?))
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading the leases of {} failed: {e}", g.name()));
+    (count > 0).then(|| {
+        format!(
+            "waiting to retire {}: {count} lease(s) in it still running, the last until {}",
+            g.name(),
+            until.unwrap_or_default()
+        )
+    })
 }
 
 // ---- Drop -------------------------------------------------------------------------------
