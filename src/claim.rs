@@ -449,6 +449,9 @@ unsafe fn insert_claims_from(
     // in-progress inserter), exactly as after a lost race. A new key saves the check: about
     // a fifth of a batch's cost. A single try_claim always checks first.
     let mut conflicts = false;
+    // Whether a key needs its hash: a summary is in play, unopened or open (set once here;
+    // a generation opened in the loop comes from `unopened`, so it changes nothing).
+    let hashed = !unopened.is_empty() || others.iter().any(|o| o.summary.is_some());
     let mut next = keys.len();
     for (i, &(job_id, fingerprint)) in keys.iter().enumerate().skip(start) {
         if restart.is_some() {
@@ -467,7 +470,7 @@ unsafe fn insert_claims_from(
             row,
         );
         let mut check_first = !batch || i == start || conflicts;
-        let key = if !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) {
+        let key = if hashed {
             crate::generations::summary::hash(scope, job_id)
         } else {
             0

@@ -198,12 +198,7 @@ pub(crate) unsafe fn attach() -> bool {
         );
         (*ring).blocks = blocks;
         (*ring).capacity = capacity(blocks);
-        let mut secret = [0u8; 8];
-        // A random seed (pg_strong_random: the OS's; on its failure, the clock's bits).
-        if !pg_sys::pg_strong_random(secret.as_mut_ptr().cast(), secret.len()) {
-            secret = (pg_sys::GetCurrentTimestamp() as u64).to_le_bytes();
-        }
-        (*ring).secret = AtomicU64::new(u64::from_le_bytes(secret));
+        (*ring).secret = AtomicU64::new(random_secret());
     }
     RING = ring;
     BITS = bits;
@@ -211,6 +206,21 @@ pub(crate) unsafe fn attach() -> bool {
         pg_sys::on_shmem_exit(Some(file::write_at_exit), pg_sys::Datum::from(0));
     }
     !found
+}
+
+/// A random seed for a summary's hash (pg_strong_random: the OS's; on its failure, the
+/// clock's bits); also the summaries of sealed generations' (`generations::summary`).
+///
+/// # Safety
+///
+/// In the postmaster or a backend (pg_strong_random reads /dev/urandom or OpenSSL; it
+/// raises no ERROR, and GetCurrentTimestamp none either).
+pub(crate) unsafe fn random_secret() -> u64 {
+    let mut secret = [0u8; 8];
+    if !pg_sys::pg_strong_random(secret.as_mut_ptr().cast(), secret.len()) {
+        secret = (pg_sys::GetCurrentTimestamp() as u64).to_le_bytes();
+    }
+    u64::from_le_bytes(secret)
 }
 
 /// Read the file the last clean shutdown wrote (from the postmaster, once the ring is new).

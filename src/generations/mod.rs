@@ -263,11 +263,8 @@ unsafe fn load(func: &str) -> Option<List> {
     if (*(*rel).rd_att).natts < 4 {
         pgrx::error!("dedup: the table dedup.generations does not have its columns");
     }
-    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
-    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     let mut rows: Vec<(i32, pg_sys::Oid, State)> = Vec::new();
-    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+    scan_rows(rel, |slot| {
         let mut isnull = false;
         let n = pg_sys::slot_getattr(slot, 1, &mut isnull).value() as i32;
         // relid is a regclass: its datum is the OID.
@@ -279,10 +276,7 @@ unsafe fn load(func: &str) -> Option<List> {
                 pgrx::error!("dedup: a row of dedup.generations has no valid state")
             });
         rows.push((n, relid, state));
-    }
-    pg_sys::ExecDropSingleTupleTableSlot(slot);
-    pg_sys::table_endscan(scan);
-    pg_sys::UnregisterSnapshot(snapshot);
+    });
     pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
     if rows.is_empty() {
         return None;
@@ -310,6 +304,37 @@ unsafe fn load(func: &str) -> Option<List> {
         pgrx::error!("dedup: dedup.generations has a generation newer than the current one");
     }
     Some(List { current, others })
+}
+
+/// Call `each` with a slot holding each row of `rel` that a snapshot taken now sees (not the
+/// transaction's: a REPEATABLE READ caller must see what committed since), with a sequential
+/// scan and no SPI; interrupts are checked every 4096 rows.
+///
+/// # Safety
+///
+/// `rel` is open and locked; in a transaction, under pgrx's guard. The snapshot is
+/// registered until the UnregisterSnapshot below (or the abort's resource owner cleanup);
+/// the scan and the slot live until their ends below. `each` reads the slot's current tuple,
+/// which stays pinned while it runs, and must copy what it keeps (a text datum points into
+/// the buffer) before it returns.
+pub(crate) unsafe fn scan_rows(
+    rel: pg_sys::Relation,
+    mut each: impl FnMut(*mut pg_sys::TupleTableSlot),
+) {
+    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
+    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    let mut rows = 0u64;
+    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+        each(slot);
+        rows += 1;
+        if rows.is_multiple_of(4096) {
+            pg_sys::check_for_interrupts!();
+        }
+    }
+    pg_sys::ExecDropSingleTupleTableSlot(slot);
+    pg_sys::table_endscan(scan);
+    pg_sys::UnregisterSnapshot(snapshot);
 }
 
 /// What a look for one key in a generation other than the claimer's found (the design's

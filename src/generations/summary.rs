@@ -133,11 +133,7 @@ pub(crate) unsafe fn attach() {
     if !found {
         std::ptr::write_bytes(base, 0, size);
         (*area).blocks = total_blocks();
-        let mut secret = [0u8; 8];
-        if !pg_sys::pg_strong_random(secret.as_mut_ptr().cast(), secret.len()) {
-            secret = (pg_sys::GetCurrentTimestamp() as u64).to_le_bytes();
-        }
-        (*area).secret = u64::from_le_bytes(secret);
+        (*area).secret = crate::expired::random_secret();
     }
     AREA = area;
     BITS = bits;
@@ -419,25 +415,12 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
 unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
     // Its columns are a claim table's (scope, job_id first), or an ERROR.
     crate::claim::check_layout(rel, "dedup: summarising a generation");
-    // SAFETY: the snapshot is registered until UnregisterSnapshot below (or the abort's
-    // resource owner cleanup); the scan and the slot live until their ends below; the text
-    // datums are read (detoasted into this memory context) before the next fetch.
-    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
-    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    // SAFETY: scan_rows' contract; the keys' bytes are hashed before the next row.
     let mut hashes = Vec::new();
-    let mut rows = 0u64;
-    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+    super::scan_rows(rel, |slot| {
         let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
         hashes.push(hash_bytes(scope, job));
-        rows += 1;
-        if rows.is_multiple_of(4096) {
-            pg_sys::check_for_interrupts!();
-        }
-    }
-    pg_sys::ExecDropSingleTupleTableSlot(slot);
-    pg_sys::table_endscan(scan);
-    pg_sys::UnregisterSnapshot(snapshot);
+    });
     hashes
 }
 
@@ -464,13 +447,11 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (
     let longest_us = (longest_secs * 1e6) as i64;
     // Its columns are a claim table's (scope, job_id, processed_at first), or an ERROR.
     crate::claim::check_layout(rel, "dedup: retiring a generation");
-    // SAFETY: as in keys_of; the third column is processed_at, a timestamptz.
-    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-    let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
-    let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+    // SAFETY: as in keys_of (the keys copied into Strings before the next row); the third
+    // column is processed_at, a timestamptz.
     let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(PASS_BATCH);
     let (mut read, mut kept) = (0u64, 0u64);
-    while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+    super::scan_rows(rel, |slot| {
         read += 1;
         let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
         let mut at_null = false;
@@ -488,13 +469,9 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (
         if batch.len() == PASS_BATCH {
             kept += crate::expired::remember(&batch, longest_us);
             batch.clear();
-            pg_sys::check_for_interrupts!();
         }
-    }
+    });
     kept += crate::expired::remember(&batch, longest_us);
-    pg_sys::ExecDropSingleTupleTableSlot(slot);
-    pg_sys::table_endscan(scan);
-    pg_sys::UnregisterSnapshot(snapshot);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
     (read, kept)
 }

@@ -400,8 +400,11 @@ pub async fn api_works_for_a_role_with_the_documented_grants(ctx: Ctx) -> Result
     w.execute("SELECT dedup.release_lease('l2', $1)", &[&id])
         .await?;
     // What a pg_monitor member reads (the counters need preloading: here they say so).
-    w.batch_execute("SELECT * FROM dedup.stats; SELECT * FROM dedup.stats_info(); SELECT * FROM dedup.prune_status")
-        .await?;
+    w.batch_execute(
+        "SELECT * FROM dedup.stats; SELECT * FROM dedup.stats_info(); SELECT * FROM dedup.prune_status; \
+         SELECT * FROM dedup.expired_summaries(); SELECT * FROM dedup.generation_summaries()",
+    )
+    .await?;
     ensure_eq(
         claim(&w, "SELECT dedup.retention('q') = interval '7 days'").await?,
         true,
