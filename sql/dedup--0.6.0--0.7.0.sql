@@ -63,6 +63,13 @@ CREATE  FUNCTION "_write_lease"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'write_lease_wrapper';
+CREATE  FUNCTION "_rotate"(
+	"step" TEXT
+) RETURNS TEXT[]
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'rotate_step_wrapper';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -163,6 +170,13 @@ REVOKE ALL ON FUNCTION dedup.rotate_generations(pg_catalog.bool) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 'One step of the rotation that is due in this database (the worker''s step, by hand), or with publish => true a new generation published now; returns what it did. Superusers only.';
 
+-- The background worker's rotation steps (src/generations/rotate.rs), run as the
+-- extension's owner: not granted to PUBLIC; a dedup.prune_role that is not a superuser is
+-- granted EXECUTE on it by hand (docs/retention.md, "The background worker").
+REVOKE ALL ON FUNCTION dedup._rotate(pg_catalog.text) FROM PUBLIC;
+COMMENT ON FUNCTION dedup._rotate(pg_catalog.text) IS
+'Internal: one step of the background worker''s rotation of this database (seal, drop, retire or publish, each only if due; or summarise), as the extension''s owner; what it did. Not granted to PUBLIC: grant EXECUTE to a dedup.prune_role that is not a superuser.';
+
 -- The summaries of the sealed generations (src/generations/summary.rs): monitoring, read by
 -- pg_monitor like dedup.expired_summaries().
 REVOKE ALL ON FUNCTION dedup.generation_summaries() FROM PUBLIC;
@@ -212,11 +226,49 @@ REVOKE ALL ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) FROM PUBLI
 COMMENT ON FUNCTION dedup.forget(pg_catalog.text, pg_catalog.text) IS
 'Remove the claim of a done job so that it runs again (after a bug fix); refuses a running lease (55006). Returns whether a claim was removed; every call leaves a row in dedup.forgotten. Not granted to PUBLIC.';
 
--- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease): a
--- lease found in an older generation moves to the one claims go to when it is taken over,
--- extended or completed; dedup._lease_lost explains a lost lease from every generation.
+-- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease,
+-- dedup._lease_row): a lease found in an older generation moves to the one claims go to
+-- when it is taken over, extended or completed; dedup._lease_lost explains a lost lease
+-- from every generation.
 REVOKE ALL ON FUNCTION dedup._lease_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._write_lease(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.uuid, pg_catalog.timestamptz, pg_catalog.timestamptz) FROM PUBLIC;
+
+-- Where the database uses generations: the row of a job that complete, extend_lease or
+-- release_lease change, locked until the caller commits, from every generation, newest
+-- first (dedup._lease_tables), and whether it is in the generation claims go to (then it is
+-- changed in place). A row moved while this looked (by a concurrent call of the holder,
+-- a heartbeat's extend_lease: deleted from one generation after this looked in the newer
+-- one) is looked for again with the list as it is then: up to three passes, each one
+-- missing it only if the row moved again meanwhile. NULL: no row.
+CREATE FUNCTION dedup._lease_row(
+    func        pg_catalog.text,
+    job_id      pg_catalog.text,
+    scope       pg_catalog.text,
+    OUT tbl      pg_catalog.text,
+    OUT in_place pg_catalog.bool,
+    OUT held     dedup.processed)
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tables text[];
+BEGIN
+    FOR pass IN 1..3 LOOP
+        tables := dedup._lease_tables(func, job_id, scope, NULL);
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            IF held.job_id IS NOT NULL THEN
+                in_place := tbl = tables[1];
+                RETURN;
+            END IF;
+        END LOOP;
+    END LOOP;
+    tbl := NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION dedup._lease_row(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 
 -- The holder's lease on a job: held (or expired but not taken over) and not yet done.
 -- Raises YD002 otherwise, saying what happened to it: a lease_id that is not the holder's
@@ -413,10 +465,11 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    t      timestamptz;
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    t        timestamptz;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.complete', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -427,17 +480,15 @@ BEGIN
         -- Generations: the lease is found (locked until we commit) and completed in place in
         -- the generation claims go to (tables[1]), or moved there from an older one, so it
         -- counts from its completion in a generation that is kept that long.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.complete', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM complete.lease_id THEN
             PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
         ELSIF held.lease_expires_at IS NULL THEN
             -- Completing twice with the same lease is a no-op: the first result stays.
             RETURN;
-        ELSIF tbl = tables[1] THEN
+        ELSIF lr.in_place THEN
             EXECUTE format('UPDATE %s AS p SET lease_expires_at = NULL, result = $3, processed_at = clock_timestamp() '
                            'WHERE p.job_id = $1 AND p.scope = $2', tbl)
               USING job_id, scope, result;
@@ -491,12 +542,13 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    d      interval;
-    until  timestamptz;
-    t      timestamptz;
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    d        interval;
+    until    timestamptz;
+    t        timestamptz;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.extend_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -518,16 +570,14 @@ BEGIN
     IF tables IS NOT NULL THEN
         -- Generations: extended in place in the generation claims go to (tables[1]), or
         -- moved there from an older one, which a running lease leaves before it retires.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.extend_lease', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM extend_lease.lease_id OR held.lease_expires_at IS NULL THEN
             PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
         END IF;
         until := clock_timestamp() + d;
-        IF tbl = tables[1] THEN
+        IF lr.in_place THEN
             EXECUTE format('UPDATE %s AS p SET lease_expires_at = $3 WHERE p.job_id = $1 AND p.scope = $2', tbl)
               USING job_id, scope, until;
         ELSE
@@ -569,9 +619,10 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.release_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -580,11 +631,9 @@ BEGIN
     END IF;
     IF tables IS NOT NULL THEN
         -- Generations: deleted from the generation that holds it.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.release_lease', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM release_lease.lease_id OR held.lease_expires_at IS NULL THEN
             PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
         END IF;

@@ -107,6 +107,13 @@ REVOKE ALL ON FUNCTION dedup.rotate_generations(pg_catalog.bool) FROM PUBLIC;
 COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 'One step of the rotation that is due in this database (the worker''s step, by hand), or with publish => true a new generation published now; returns what it did. Superusers only.';
 
+-- The background worker's rotation steps (src/generations/rotate.rs), run as the
+-- extension's owner: not granted to PUBLIC; a dedup.prune_role that is not a superuser is
+-- granted EXECUTE on it by hand (docs/retention.md, "The background worker").
+REVOKE ALL ON FUNCTION dedup._rotate(pg_catalog.text) FROM PUBLIC;
+COMMENT ON FUNCTION dedup._rotate(pg_catalog.text) IS
+'Internal: one step of the background worker''s rotation of this database (seal, drop, retire or publish, each only if due; or summarise), as the extension''s owner; what it did. Not granted to PUBLIC: grant EXECUTE to a dedup.prune_role that is not a superuser.';
+
 -- The summaries of the sealed generations (src/generations/summary.rs): monitoring, read by
 -- pg_monitor like dedup.expired_summaries().
 REVOKE ALL ON FUNCTION dedup.generation_summaries() FROM PUBLIC;

@@ -234,6 +234,42 @@ BEGIN
 END
 $$;
 
+-- Where the database uses generations: the row of a job that complete, extend_lease or
+-- release_lease change, locked until the caller commits, from every generation, newest
+-- first (dedup._lease_tables), and whether it is in the generation claims go to (then it is
+-- changed in place). A row moved while this looked (by a concurrent call of the holder,
+-- a heartbeat's extend_lease: deleted from one generation after this looked in the newer
+-- one) is looked for again with the list as it is then: up to three passes, each one
+-- missing it only if the row moved again meanwhile. NULL: no row.
+CREATE FUNCTION dedup._lease_row(
+    func        pg_catalog.text,
+    job_id      pg_catalog.text,
+    scope       pg_catalog.text,
+    OUT tbl      pg_catalog.text,
+    OUT in_place pg_catalog.bool,
+    OUT held     dedup.processed)
+RETURNS record
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tables text[];
+BEGIN
+    FOR pass IN 1..3 LOOP
+        tables := dedup._lease_tables(func, job_id, scope, NULL);
+        FOREACH tbl IN ARRAY tables LOOP
+            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
+               INTO held USING job_id, scope;
+            IF held.job_id IS NOT NULL THEN
+                in_place := tbl = tables[1];
+                RETURN;
+            END IF;
+        END LOOP;
+    END LOOP;
+    tbl := NULL;
+END
+$$;
+
 -- A completed lease is done from its completion: retention counts from there. A NULL
 -- lease_id is named (22004) by complete, extend_lease and release_lease, instead of
 -- reported as a lost lease.
@@ -247,10 +283,11 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    t      timestamptz;
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    t        timestamptz;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.complete', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -261,17 +298,15 @@ BEGIN
         -- Generations: the lease is found (locked until we commit) and completed in place in
         -- the generation claims go to (tables[1]), or moved there from an older one, so it
         -- counts from its completion in a generation that is kept that long.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.complete', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM complete.lease_id THEN
             PERFORM dedup._lease_lost('dedup.complete', job_id, scope, lease_id);
         ELSIF held.lease_expires_at IS NULL THEN
             -- Completing twice with the same lease is a no-op: the first result stays.
             RETURN;
-        ELSIF tbl = tables[1] THEN
+        ELSIF lr.in_place THEN
             EXECUTE format('UPDATE %s AS p SET lease_expires_at = NULL, result = $3, processed_at = clock_timestamp() '
                            'WHERE p.job_id = $1 AND p.scope = $2', tbl)
               USING job_id, scope, result;
@@ -323,12 +358,13 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    d      interval;
-    until  timestamptz;
-    t      timestamptz;
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    d        interval;
+    until    timestamptz;
+    t        timestamptz;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.extend_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -350,16 +386,14 @@ BEGIN
     IF tables IS NOT NULL THEN
         -- Generations: extended in place in the generation claims go to (tables[1]), or
         -- moved there from an older one, which a running lease leaves before it retires.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.extend_lease', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM extend_lease.lease_id OR held.lease_expires_at IS NULL THEN
             PERFORM dedup._lease_lost('dedup.extend_lease', job_id, scope, lease_id);
         END IF;
         until := clock_timestamp() + d;
-        IF tbl = tables[1] THEN
+        IF lr.in_place THEN
             EXECUTE format('UPDATE %s AS p SET lease_expires_at = $3 WHERE p.job_id = $1 AND p.scope = $2', tbl)
               USING job_id, scope, until;
         ELSE
@@ -400,9 +434,10 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    tables text[];
-    tbl    text;
-    held   dedup.processed;
+    tables   text[];
+    tbl      text;
+    lr       record;
+    held     dedup.processed;
 BEGIN
     tables := dedup._lease_tables('dedup.release_lease', job_id, scope, NULL);
     IF lease_id IS NULL THEN
@@ -411,11 +446,9 @@ BEGIN
     END IF;
     IF tables IS NOT NULL THEN
         -- Generations: deleted from the generation that holds it.
-        FOREACH tbl IN ARRAY tables LOOP
-            EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-               INTO held USING job_id, scope;
-            EXIT WHEN held.job_id IS NOT NULL;
-        END LOOP;
+        SELECT * INTO lr FROM dedup._lease_row('dedup.release_lease', job_id, scope);
+        tbl := lr.tbl;
+        held := lr.held;
         IF held.lease_id IS DISTINCT FROM release_lease.lease_id OR held.lease_expires_at IS NULL THEN
             PERFORM dedup._lease_lost('dedup.release_lease', job_id, scope, lease_id);
         END IF;
@@ -452,6 +485,7 @@ REVOKE ALL ON FUNCTION dedup._claim_result(pg_catalog.text, pg_catalog.text) FRO
 
 REVOKE ALL ON FUNCTION dedup._raise(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._lease_lost(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION dedup._lease_row(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._check_claim(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._lease_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION dedup._write_lease(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.uuid, pg_catalog.timestamptz, pg_catalog.timestamptz) FROM PUBLIC;

@@ -30,7 +30,7 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
-        } else if matches!(arg, "func" | "event" | "processed_at") {
+        } else if matches!(arg, "func" | "event" | "processed_at" | "step") {
             "This internal function is called by dedup's own functions with a constant here: \
              call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead."
         } else if arg == "fingerprints" {
@@ -206,7 +206,8 @@ pub fn serialization_failure(func: &str) -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         format!("{func}: could not serialize access due to a concurrent claim of the same job"),
         "A transaction that committed after this transaction's snapshot claimed the job. \
-         Retry the whole transaction: the retry's claim returns false.",
+         Retry the whole transaction: the retry finds the claim (try_claim returns false, \
+         dedup.lease answers busy or done).",
     )
 }
 
@@ -441,6 +442,16 @@ pub fn generations_need_preload(func: &str) -> ! {
         format!("{func}: generations need dedup in shared_preload_libraries"),
         "Add dedup to shared_preload_libraries in postgresql.conf and restart the server: a \
          claim learns that its generations changed from a counter in shared memory.",
+    )
+}
+
+/// `dedup._rotate` called with a step it does not take.
+pub fn unknown_step(func: &str, step: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+        format!("{func}: there is no rotation step {step:?}"),
+        "The steps are seal, drop, retire, publish and summarise: the background worker calls \
+         this function; to rotate by hand, call dedup.rotate_generations().",
     )
 }
 

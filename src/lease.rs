@@ -21,6 +21,13 @@ fn check_claim(
 ) {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._check_claim", "func"));
     check_args(func, job_id, scope, fingerprint);
+    // Those lease functions read and write dedup.processed alone: held off from
+    // use_generations() as _lease_tables holds them off, and refused where generations are
+    // on (their SQL is older than the library: an ALTER EXTENSION UPDATE is due).
+    // SAFETY: in this #[pg_extern] function's transaction, under its guard.
+    if unsafe { crate::generations::lease_tables(func) }.is_some() {
+        error::needs_update(func, "a lease in a database that uses generations", "0.7.0");
+    }
 }
 
 /// `dedup._claim_tables(func, job_id, scope)`: the checks of `dedup._check_claim`, then the

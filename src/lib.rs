@@ -88,6 +88,7 @@ extension_sql_file!(
         "offsets",
         generations::rotate::use_generations,
         generations::rotate::rotate_generations,
+        generations::rotate::rotate_step,
         generations::summary::generation_summaries,
         generations::epoch::_generations_changed,
         lease::claim_tables_sql

@@ -41,6 +41,18 @@ BEGIN
 END
 $$;
 
+-- The background worker's rotation steps: no worker and no generations here.
+CREATE FUNCTION dedup._rotate(step pg_catalog.text)
+RETURNS pg_catalog.text[]
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM dedup._portable_no_generations('dedup._rotate');
+    RETURN NULL;
+END
+$$;
+
 -- The tables a claim may be in, for dedup.forget: dedup.processed alone (no generations
 -- here), after the checks of every claim function.
 CREATE FUNCTION dedup._claim_tables(func pg_catalog.text, job_id pg_catalog.text, scope pg_catalog.text)

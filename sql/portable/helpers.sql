@@ -118,7 +118,8 @@ BEGIN
         code := '40001';
         msg := format('%s: could not serialize access due to a concurrent claim of the same job', func);
         hint := 'A transaction that committed after this transaction''s snapshot claimed the job. '
-                'Retry the whole transaction: the retry''s claim returns false.';
+                'Retry the whole transaction: the retry finds the claim (try_claim returns false, '
+                'dedup.lease answers busy or done).';
     WHEN 'not_hash_distributed' THEN
         code := '55000';
         msg := format('dedup: dedup.processed is a Citus table that is not distributed by job_id (partmethod %s)', value);

@@ -12,6 +12,7 @@
 --@ create library dedup._generations_changed
 --@ create library dedup._lease_tables
 --@ create library dedup._write_lease
+--@ create library dedup._rotate
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
@@ -20,11 +21,13 @@
 -- dedup.forget finds the claim in every generation (dedup._claim_tables).
 --@ replace retention.sql dedup.forget(text, text)
 
--- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease): a
--- lease found in an older generation moves to the one claims go to when it is taken over,
--- extended or completed; dedup._lease_lost explains a lost lease from every generation.
+-- The lease functions work in every generation (dedup._lease_tables, dedup._write_lease,
+-- dedup._lease_row): a lease found in an older generation moves to the one claims go to
+-- when it is taken over, extended or completed; dedup._lease_lost explains a lost lease
+-- from every generation.
 --@ create leases.sql dedup._lease_tables
 --@ create leases.sql dedup._write_lease
+--@ create leases.sql dedup._lease_row
 --@ replace leases.sql dedup._lease_lost(text, text, text, uuid)
 --@ replace leases.sql dedup.lease(text, text, interval, text)
 --@ replace leases.sql dedup.complete(text, uuid, jsonb, text)

@@ -199,7 +199,14 @@ pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
         }
     }
     loop {
-        let (epoch, _) = list(func);
+        let (epoch, list) = list(func);
+        let list = list?;
+        // The generation claims go to is locked as a claim locks it, RowExclusiveLock: the
+        // seal lists the transactions that hold a lock of that strength or stronger on it
+        // (share locks, as the others get, do not make it wait).
+        if let Some(rel) = open(list.current, pg_sys::RowExclusiveLock as _, func) {
+            pg_sys::table_close(rel, pg_sys::NoLock as _);
+        }
         let tables = tables(func)?;
         // Locked, then the epoch read again: unchanged, so no publication committed before
         // the locks, and a later one's seal waits for this transaction (the claim path's

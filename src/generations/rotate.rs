@@ -144,30 +144,34 @@ pub(crate) fn step(force_publish: bool) -> String {
 /// (`dedup.prune_role`): otherwise one WARNING per pass, and nothing rotates.
 pub(crate) fn worker_pass(dbname: &str) {
     let ready = prune::in_transaction(|| {
+        // Whether the database uses generations is read as a claim reads it, without SQL
+        // (generations/mod.rs): a role that is not a superuser may not read
+        // dedup.generations (revoked from PUBLIC).
         // SAFETY: in the transaction, under in_transaction's PgTry.
-        if !unsafe { pg_sys::superuser() } {
-            // A role that is not a superuser may not read dedup.generations (revoked from
-            // PUBLIC): whether the database uses generations is read as a claim reads it,
-            // without SQL (generations/mod.rs).
-            // SAFETY: in the transaction, under in_transaction's PgTry.
-            if !unsafe { super::in_use("dedup worker") } {
-                return Ok(false);
-            }
-            return Err(
-                "dedup.prune_role is not a superuser, and in this version only a superuser \
-                 rotates generations: set dedup.prune_role to one (or leave it empty for the \
-                 bootstrap superuser) and reload"
-                    .to_string(),
-            );
-        }
-        if !in_use() {
+        if !unsafe { super::in_use("dedup worker") } {
             return Ok(false);
         }
         if !epoch::available() {
             return Err("dedup is not in shared_preload_libraries".to_string());
         }
-        if citus::distributed() {
-            return Err("its claims are distributed with Citus".to_string());
+        // The steps run in dedup._rotate, as the extension's owner: a dedup.prune_role that
+        // is not a superuser needs EXECUTE on it (docs/retention.md, "The background
+        // worker"). The name is qualified, and the schema dedup grants CREATE to no role
+        // but superusers (ready_to_prune checked it), so it is the extension's function.
+        // SAFETY: superuser() reads the current user's catalog row (syscache), no ERROR.
+        if !unsafe { pg_sys::superuser() } {
+            let may = Spi::get_one::<bool>(
+                "SELECT pg_catalog.has_function_privilege('dedup._rotate(pg_catalog.text)', 'EXECUTE')",
+            )
+            .map_err(|e| e.to_string())?
+            .unwrap_or(false);
+            if !may {
+                return Err("dedup.prune_role is not a superuser and may not execute \
+                     dedup._rotate(text): GRANT EXECUTE ON FUNCTION dedup._rotate(text) TO it \
+                     in this database (or leave dedup.prune_role empty for the bootstrap \
+                     superuser), then reload"
+                    .to_string());
+            }
         }
         Ok(true)
     });
@@ -203,7 +207,7 @@ pub(crate) fn worker_pass(dbname: &str) {
     if published {
         in_own_transaction(dbname, Kind::Seal, true);
     }
-    match prune::in_transaction(summarise) {
+    match prune::in_transaction(|| call_rotate("summarise")) {
         Ok(said) => {
             for line in said {
                 if line.starts_with("did not") {
@@ -217,6 +221,52 @@ pub(crate) fn worker_pass(dbname: &str) {
             "dedup: the summaries of the generations of database \"{dbname}\" failed: {message}"
         ),
     }
+}
+
+/// `dedup._rotate(step)`: one step of the background worker's rotation of this database
+/// (`seal`, `drop`, `retire` or `publish`, each only if it is due, as
+/// `rotate_generations()` takes it), or `summarise` (the summaries of the sealed
+/// generations brought up to date); what it did, as lines (none: nothing due). Run as the
+/// extension's owner (SECURITY DEFINER, `search_path` pinned), so that a `dedup.prune_role`
+/// that is not a superuser rotates with one grant, `EXECUTE` on this function, and no
+/// privilege on the generations; not granted to `PUBLIC`. It cannot force a publication.
+#[pg_extern(name = "_rotate", volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn rotate_step(step: Option<&str>) -> Vec<String> {
+    const F: &str = "dedup._rotate";
+    let step = step.unwrap_or_else(|| error::null_argument(F, "step"));
+    let kind = match step {
+        "seal" => Some(Kind::Seal),
+        "drop" => Some(Kind::Drop),
+        "retire" => Some(Kind::Retire),
+        "publish" => Some(Kind::Publish),
+        "summarise" => None,
+        _ => error::unknown_step(F, step),
+    };
+    // SAFETY: RecoveryInProgress reads shared state, no ERROR.
+    if unsafe { pg_sys::RecoveryInProgress() } || !in_use() {
+        return Vec::new();
+    }
+    if !epoch::available() {
+        error::generations_need_preload(F);
+    }
+    if citus::distributed() {
+        error::generations_on_citus(F);
+    }
+    match kind {
+        Some(kind) => run(kind, false, &Retention::now()).into_iter().collect(),
+        None => summarise(),
+    }
+}
+
+/// Call `dedup._rotate(step)` (in the caller's transaction): what it said.
+fn call_rotate(step: &str) -> Vec<String> {
+    Spi::get_one_with_args::<Vec<String>>(
+        "SELECT dedup._rotate($1::pg_catalog.text)",
+        &[DatumWithOid::from(step)],
+    )
+    .unwrap_or_else(|e| pgrx::error!("dedup: calling dedup._rotate('{step}') failed: {e}"))
+    .unwrap_or_default()
 }
 
 /// Bring the summaries of this database's sealed generations up to date
@@ -244,7 +294,7 @@ pub(crate) fn summarise() -> Vec<String> {
 
 /// Run one step in a transaction of its own and log what it said.
 fn in_own_transaction(dbname: &str, kind: Kind, quiet_wait: bool) -> Option<String> {
-    match prune::in_transaction(|| run(kind, false, &Retention::now())) {
+    match prune::in_transaction(|| call_rotate(kind.name()).into_iter().next()) {
         Ok(Some(message)) => {
             if quiet_wait && message.starts_with("waiting") {
                 debug1!("dedup: database \"{dbname}\": {message}");
@@ -758,18 +808,36 @@ fn held_by_me(relid: pg_sys::Oid) -> bool {
 
 /// Retire the oldest sealed generation whose seal is older than the longest retention.
 fn retire(retention: &Retention) -> Option<String> {
-    let g = load(false, retention)
+    let due: Vec<Row> = load(false, retention)
         .into_iter()
-        .find(|g| g.state == SEALED && g.retire_due)?;
+        .filter(|g| g.state == SEALED && g.retire_due)
+        .collect();
     // A lease still running there is not retired with it (a copy would lease the job again
-    // while its holder works). A sealed generation gains no lease: one taken over, extended
-    // or completed moves to the generation claims go to, so the count can only fall. A
-    // lease is never longer than its scope's retention, so one is found here only after
-    // that retention was shortened.
-    // Looked at before the publishing lock, whose transaction moves the epoch.
-    if let Some(held) = running_leases(&g) {
-        return Some(held);
+    // while its holder works). A sealed generation gains no lease and no lease is changed
+    // in place there (a lease function changes in place only in the generation claims go
+    // to, which it locks as a claim does, so the seal waited for it): one taken over,
+    // extended or completed moves to the generation claims go to, so the count can only
+    // fall. A lease is never longer than its scope's retention, so one is found here only
+    // after that retention was shortened. (A scan of the generation besides the hand-off's
+    // below, once per pass while it is held back.)
+    // Looked at before the publishing lock, whose transaction moves the epoch. A generation
+    // held back does not hold back the next one due.
+    let mut held = None;
+    let mut free = None;
+    for g in due {
+        match running_leases(&g) {
+            Some(why) => {
+                held.get_or_insert(why);
+            }
+            None => {
+                free = Some(g);
+                break;
+            }
+        }
     }
+    let Some(g) = free else {
+        return held;
+    };
     epoch::publishing();
     let g = reread(&g, retention)?;
     change_row(

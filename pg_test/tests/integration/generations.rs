@@ -1646,6 +1646,102 @@ pub async fn leases_work_across_generations(_ctx: Ctx) -> Result<()> {
     )
 }
 
+/// A lease function in flight across a publication (a helper's review found both):
+/// - `complete` waiting for a row lock on a lease of the current generation, while a new
+///   generation is published: the seal of the old one waits for it (it holds the current
+///   generation as a claim does, RowExclusiveLock, from its look at the generations), so
+///   the lease it completes in place is in a generation sealed after its completion, and
+///   kept its retention from there. Before the fix it held only share locks, the seal went
+///   through, and the completion landed in a sealed generation.
+/// - `complete` while the holder's heartbeat (`extend_lease`) moves the lease from an older
+///   generation to the current one: it finds the moved row and completes it. Before the fix
+///   it looked in the current generation before the move committed and in the old one
+///   after, found nothing, and said the lease was completed already (YD002).
+pub async fn a_lease_change_in_flight_across_a_publication(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-lease-flight")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    let waiting: uuid::Uuid = one(&c, "SELECT lease_id FROM dedup.lease('f-wait')").await?;
+    let beat: uuid::Uuid = one(&c, "SELECT lease_id FROM dedup.lease('f-beat')").await?;
+    let observer = admin(&dsn).await?;
+
+    // 1. A row lock on f-wait (as a copy's lease() inside a longer transaction would hold).
+    let locker = admin(&dsn).await?;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; SELECT FROM dedup.processed_{g1} WHERE job_id = 'f-wait' FOR UPDATE"
+        ))
+        .await?;
+    let completer = claimer(&dsn).await?;
+    let completer_pid = completer.pid;
+    let complete = tokio::spawn(async move {
+        completer
+            .execute("SELECT dedup.complete('f-wait', $1)", &[&waiting])
+            .await
+    });
+    wait_until_blocked(&observer, completer_pid).await?;
+    let g2 = publish(&a).await?;
+    let said = rotate(&a).await?;
+    ensure_eq(
+        state(&a, g1).await?,
+        Some("sealing".to_string()),
+        &format!(
+            "generation {g1} while a complete() that looked at it waits (the step said {said:?})"
+        ),
+    )?;
+    if !said.contains("waiting for 1 transaction") {
+        bail!("the seal does not wait for the complete(): {said:?}");
+    }
+    locker.batch_execute("COMMIT").await?;
+    tokio::time::timeout(Duration::from_secs(10), complete)
+        .await
+        .context("complete() still waiting 10 s after the row lock was released")??
+        .context("complete() after the row lock")?;
+    settle(&a).await?;
+    let completed_before_seal: bool = one(
+        &a,
+        &format!(
+            "SELECT p.processed_at <= g.sealed_at FROM dedup.processed_{g1} p, dedup.generations g \
+              WHERE p.job_id = 'f-wait' AND g.n = {g1}"
+        ),
+    )
+    .await?;
+    ensure_eq(
+        completed_before_seal,
+        true,
+        "f-wait completed before its generation's seal",
+    )?;
+
+    // 2. The heartbeat moves f-beat from generation 1 to 2 and holds its transaction open;
+    // complete() looks meanwhile, then finds the moved row.
+    let heart = claimer(&dsn).await?;
+    heart.batch_execute("BEGIN").await?;
+    heart
+        .execute("SELECT dedup.extend_lease('f-beat', $1)", &[&beat])
+        .await?;
+    let completer = claimer(&dsn).await?;
+    let completer_pid = completer.pid;
+    let complete = tokio::spawn(async move {
+        completer
+            .execute("SELECT dedup.complete('f-beat', $1)", &[&beat])
+            .await
+    });
+    wait_until_blocked(&observer, completer_pid).await?;
+    heart.batch_execute("COMMIT").await?;
+    tokio::time::timeout(Duration::from_secs(10), complete)
+        .await
+        .context("complete() still waiting 10 s after the heartbeat committed")??
+        .context("complete() while the heartbeat moved the lease")?;
+    ensure_eq(held_in(&a, "f-beat", "default").await?, vec![g2], "f-beat")?;
+    ensure_eq(
+        one::<String>(&c, "SELECT status FROM dedup.lease('f-beat')").await?,
+        "done".to_string(),
+        "f-beat after its completion",
+    )
+}
+
 /// A sealed generation due to retire is not retired while a lease in it still runs (one
 /// taken before the scope's retention was shortened): the step says it waits, and retires
 /// it once the lease is released. Claims and leases of other jobs go on meanwhile.
@@ -2979,14 +3075,85 @@ pub async fn a_crash_restart_keeps_every_claim_across_generations(_ctx: Ctx) -> 
 /// and `dedup.processed` retired once past their retention; a handful of generations is
 /// live at a time; and the early claims, expired, run again.
 pub async fn worker_rotates_by_a_quarter_of_the_retention(_ctx: Ctx) -> Result<()> {
-    let opts = Options::named("gen-worker")
+    worker_rotates("gen-worker", None).await
+}
+
+/// `dedup.prune_role` set to a role that is not a superuser: without `EXECUTE` on
+/// `dedup._rotate` the worker says so (a WARNING per pass) and rotates nothing; with the
+/// documented grants (docs/retention.md, "The background worker") it rotates as
+/// `worker_rotates_by_a_quarter_of_the_retention` checks, through `dedup._rotate`, which
+/// runs as the extension's owner. The generations it makes belong to that owner and grant
+/// nothing to the role or to `PUBLIC`; the role cannot call `rotate_generations` (42501),
+/// cannot force a publication through `dedup._rotate`, and an unknown step is 22023.
+pub async fn a_prune_role_that_is_not_a_superuser_rotates_with_its_grants(_ctx: Ctx) -> Result<()> {
+    worker_rotates("gen-worker-role", Some("pruner")).await
+}
+
+/// The worker's rotation with a retention of 8 s, as `role` (None: the bootstrap superuser).
+async fn worker_rotates(name: &str, role: Option<&str>) -> Result<()> {
+    let mut opts = Options::named(name)
         .set("shared_preload_libraries", "dedup")
         .set("dedup.prune_interval", "1s")
         .set("dedup.retention", "8s");
+    if let Some(role) = role {
+        opts = opts.set("dedup.prune_role", role);
+    }
     let (cluster, dsn) = server(opts).await?;
     let a = admin(&dsn).await?;
     let c = claimer(&dsn).await?;
+    if let Some(role) = role {
+        a.batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN NOSUPERUSER;
+             GRANT SELECT, UPDATE, DELETE ON dedup.processed TO {role};
+             GRANT SELECT, INSERT, UPDATE ON dedup._prune_status TO {role};
+             GRANT SELECT, DELETE ON dedup.forgotten TO {role};
+             GRANT SELECT, INSERT, DELETE ON dedup._horizons TO {role};
+             GRANT EXECUTE ON FUNCTION dedup._mark_horizon(float8), dedup._horizon(timestamptz) TO {role};"
+        ))
+        .await?;
+    }
     use_generations(&a).await?;
+    let mut log_from = 0;
+    if let Some(role) = role {
+        let cluster_ref = &cluster;
+        eventually(20, "the worker saying it may not rotate", || async {
+            Ok(cluster_ref
+                .log_text()
+                .contains("may not execute dedup._rotate(text)"))
+        })
+        .await?;
+        ensure_eq(
+            state(&a, 1).await?,
+            Some("current".to_string()),
+            "generation 1 before the grant",
+        )?;
+        let r = claimer(&format!("{dsn} user={role}")).await?;
+        let (code, _) = error_of(&r, "SELECT dedup._rotate('publish')").await?;
+        ensure_eq(code.as_str(), "42501", "dedup._rotate before the grant")?;
+        a.batch_execute(&format!(
+            "GRANT EXECUTE ON FUNCTION dedup._rotate(text) TO {role}"
+        ))
+        .await?;
+        // What the role may do by hand: a step that is due, never a forced publication.
+        for (sql, want) in [
+            ("SELECT dedup.rotate_generations()", "42501"),
+            ("SELECT dedup.rotate_generations(publish => true)", "42501"),
+            ("SELECT dedup._rotate('now')", "22023"),
+            ("SELECT dedup._rotate(NULL)", "22004"),
+        ] {
+            ensure_eq(error_of(&r, sql).await?.0.as_str(), want, sql)?;
+        }
+        // A publication only when one is due: asked twice in a row, the second finds the
+        // current generation (new if the first published) too young.
+        let first: Vec<String> = one(&r, "SELECT dedup._rotate('publish')").await?;
+        ensure_eq(
+            one::<Vec<String>>(&r, "SELECT dedup._rotate('publish')").await?,
+            Vec::<String>::new(),
+            &format!("a second publication asked by the role (the first said {first:?})"),
+        )?;
+        // The errors above are the role's own; the worker's from here on are checked.
+        log_from = cluster.log_text().len();
+    }
     ensure_eq(
         claim_tx(
             &c,
@@ -3074,7 +3241,7 @@ pub async fn worker_rotates_by_a_quarter_of_the_retention(_ctx: Ctx) -> Result<(
         },
     )
     .await?;
-    let log = cluster.log_text();
+    let log = cluster.log_text()[log_from..].to_string();
     for line in [
         "summarised generation 1: 20 claims in 1 kB",
         "freed the summary of generation 1",
@@ -3092,6 +3259,41 @@ pub async fn worker_rotates_by_a_quarter_of_the_retention(_ctx: Ctx) -> Result<(
             cluster.log_tail(40)
         );
     }
+    // Every generation the worker made belongs to the extension's owner and grants nothing
+    // to any other role.
+    let tables: Vec<String> = a
+        .query(
+            "SELECT c.relname || ' ' || pg_get_userbyid(c.relowner) || ' ' || coalesce(c.relacl::text, '-') \
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = 'dedup' AND c.relname ~ '^processed_[0-9]+$' AND c.relkind = 'r' \
+              ORDER BY c.relname",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let owner: String = one(
+        &a,
+        "SELECT pg_get_userbyid(e.extowner)::text FROM pg_extension e WHERE e.extname = 'dedup'",
+    )
+    .await?;
+    if tables.is_empty() {
+        bail!("no generation table left to check");
+    }
+    for t in &tables {
+        let parts: Vec<&str> = t.splitn(3, ' ').collect();
+        let acl = parts[2];
+        let others = acl
+            .trim_matches(|ch| ch == '{' || ch == '}')
+            .split(',')
+            .filter(|item| *item != "-" && !item.starts_with(&format!("{owner}=")))
+            .count();
+        if parts[1] != owner || others > 0 {
+            bail!("generation table {t}: want it owned by {owner}, with no privilege for another role");
+        }
+    }
+    println!("  generation tables: {tables:?}");
     Ok(())
 }
 
