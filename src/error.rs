@@ -30,7 +30,7 @@ pub fn null_argument(func: &str, arg: &str) -> ! {
             "Omit the argument to use the scope 'default', or pass a scope name."
         } else if arg == "scope" {
             "Pass a scope name; the scope of claims made without one is 'default'."
-        } else if matches!(arg, "func" | "event" | "processed_at" | "step") {
+        } else if matches!(arg, "func" | "event" | "processed_at") {
             "This internal function is called by dedup's own functions with a constant here: \
              call the public function (dedup.try_claim, dedup.lease, dedup.advance) instead."
         } else if arg == "fingerprints" {
@@ -445,13 +445,13 @@ pub fn generations_need_preload(func: &str) -> ! {
     )
 }
 
-/// `dedup._rotate` called with a step it does not take.
-pub fn unknown_step(func: &str, step: &str) -> ! {
+/// `dedup._rotate` called by a session, not by the background worker.
+pub fn worker_only(func: &str) -> ! {
     raise(
-        PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-        format!("{func}: there is no rotation step {step:?}"),
-        "The steps are seal, drop, retire, publish and summarise: the background worker calls \
-         this function; to rotate by hand, call dedup.rotate_generations().",
+        PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("{func} is the background worker's own: no session may call it"),
+        "Grant EXECUTE on it to dedup.prune_role and let the worker rotate, or rotate by hand \
+         as a superuser with dedup.rotate_generations().",
     )
 }
 

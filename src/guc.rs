@@ -201,7 +201,8 @@ pub fn init() {
         c"dedup.prune_role",
         c"Role the background worker prunes as (empty: the bootstrap superuser).",
         c"A superuser, or a role with LOGIN holding, in every database with dedup, SELECT, UPDATE \
-          and DELETE on dedup.processed, SELECT, INSERT and UPDATE on dedup._prune_status, and SELECT and DELETE on dedup.forgotten.",
+          and DELETE on dedup.processed, SELECT, INSERT and UPDATE on dedup._prune_status, and SELECT and DELETE on dedup.forgotten \
+          (and the grants of docs/retention.md: the horizons' and, with generations, EXECUTE on dedup._rotate(text)).",
         &PRUNE_ROLE,
         GucContext::Sighup,
         GucFlags::default(),

@@ -223,25 +223,40 @@ pub(crate) fn worker_pass(dbname: &str) {
     }
 }
 
+/// Set while the worker calls `dedup._rotate` ([`call_rotate`]): backend-local, so no
+/// session can set it.
+static WORKER_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// `dedup._rotate(step)`: one step of the background worker's rotation of this database
 /// (`seal`, `drop`, `retire` or `publish`, each only if it is due, as
 /// `rotate_generations()` takes it), or `summarise` (the summaries of the sealed
 /// generations brought up to date); what it did, as lines (none: nothing due). Run as the
 /// extension's owner (SECURITY DEFINER, `search_path` pinned), so that a `dedup.prune_role`
 /// that is not a superuser rotates with one grant, `EXECUTE` on this function, and no
-/// privilege on the generations; not granted to `PUBLIC`. It cannot force a publication.
+/// privilege on the generations; not granted to `PUBLIC`. Refused (42501) outside the
+/// worker, whose settings are pinned and whose transactions end at once: a session of the
+/// granted role could otherwise hold the publishing lock (a `BEGIN` left open) or commit a
+/// publication with its own settings (`synchronous_commit`, `default_tablespace`).
 #[pg_extern(name = "_rotate", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn rotate_step(step: Option<&str>) -> Vec<String> {
     const F: &str = "dedup._rotate";
-    let step = step.unwrap_or_else(|| error::null_argument(F, "step"));
-    let kind = match step {
+    if !WORKER_CALL.load(std::sync::atomic::Ordering::Relaxed) {
+        error::worker_only(F);
+    }
+    // The owner (this function runs as) must be a superuser: the steps create, drop and
+    // truncate tables, and read the lock table.
+    // SAFETY: superuser() looks the current user up in the syscache, under the guard.
+    if !unsafe { pg_sys::superuser() } {
+        pgrx::error!("{F}: the owner of the extension dedup is not a superuser");
+    }
+    let kind = match step.unwrap_or_default() {
         "seal" => Some(Kind::Seal),
         "drop" => Some(Kind::Drop),
         "retire" => Some(Kind::Retire),
         "publish" => Some(Kind::Publish),
         "summarise" => None,
-        _ => error::unknown_step(F, step),
+        other => pgrx::error!("{F}: there is no rotation step {other:?}"),
     };
     // SAFETY: RecoveryInProgress reads shared state, no ERROR.
     if unsafe { pg_sys::RecoveryInProgress() } || !in_use() {
@@ -259,8 +274,17 @@ fn rotate_step(step: Option<&str>) -> Vec<String> {
     }
 }
 
-/// Call `dedup._rotate(step)` (in the caller's transaction): what it said.
+/// Call `dedup._rotate(step)` (in the caller's transaction, the worker's): what it said.
 fn call_rotate(step: &str) -> Vec<String> {
+    /// Clears the flag however the call ends (an ERROR unwinds through here).
+    struct Flag;
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            WORKER_CALL.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    WORKER_CALL.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _flag = Flag;
     Spi::get_one_with_args::<Vec<String>>(
         "SELECT dedup._rotate($1::pg_catalog.text)",
         &[DatumWithOid::from(step)],
@@ -806,7 +830,9 @@ fn held_by_me(relid: pg_sys::Oid) -> bool {
 
 // ---- Retire -----------------------------------------------------------------------------
 
-/// Retire the oldest sealed generation whose seal is older than the longest retention.
+/// Retire the oldest sealed generation whose seal is older than the longest retention and
+/// in which no lease still runs (a newer one is retired while an older one is held back:
+/// nothing needs them retired in order).
 fn retire(retention: &Retention) -> Option<String> {
     let due: Vec<Row> = load(false, retention)
         .into_iter()
