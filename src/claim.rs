@@ -343,6 +343,12 @@ unsafe fn insert_claims_from(
 ) -> usize {
     // The generations of this database (None: it uses the one table dedup.processed), read
     // with the epoch they belong to.
+    // Not in the transaction that changes dedup.generations: its list names a generation no
+    // other claimer knows until the commit, so a claim into it and a copy into the old one
+    // could both be granted.
+    if crate::generations::epoch::publishing_now() {
+        error::claim_while_publishing(func);
+    }
     let (epoch, gens) = crate::generations::list(func);
     // SAFETY: open_processed and generations::open (in a transaction, under the guard)
     // return the claim table open with RowExclusiveLock: `rel` points to its relcache

@@ -445,6 +445,17 @@ pub fn generations_need_preload(func: &str) -> ! {
     )
 }
 
+/// A claim or a lease in the transaction that changed `dedup.generations`.
+pub fn claim_while_publishing(func: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{func}: this transaction changed the generations (rotate_generations, use_generations)"),
+        "Commit the change first: its new generation is known to other claimers only from its \
+         commit, so a claim made before then could be granted twice. Claim in another \
+         transaction.",
+    )
+}
+
 /// `dedup._rotate` called by a session, not by the background worker.
 pub fn worker_only(func: &str) -> ! {
     raise(

@@ -146,6 +146,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::leases_work_across_generations,
     generations::a_running_lease_holds_back_its_generations_retirement,
     generations::a_lease_change_in_flight_across_a_publication,
+    generations::no_claim_in_the_transaction_that_publishes,
     generations::leases_and_claims_race_across_rotations,
     generations::forget_removes_a_claim_in_any_generation,
     generations::results_are_stored_and_read_in_every_generation,

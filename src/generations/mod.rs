@@ -190,6 +190,10 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
 ///
 /// As for [`list`].
 pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
+    // Not in the transaction that changes dedup.generations (see claim::insert_claims_from).
+    if epoch::publishing_now() {
+        error::claim_while_publishing(func);
+    }
     if !in_use(func) {
         epoch::hold_off_publishing();
         // The epoch moved if a publication committed since the first look: the list is

@@ -1742,6 +1742,37 @@ pub async fn a_lease_change_in_flight_across_a_publication(_ctx: Ctx) -> Result<
     )
 }
 
+/// No claim, batch or lease in the transaction that changes `dedup.generations` (55000):
+/// that transaction's list names its new generation, which other claimers learn of only at
+/// its commit, so a claim into it and a copy into the old generation could both be granted
+/// (a helper's review; before, `try_claim` answered true there). After the commit, claims
+/// go on as ever.
+pub async fn no_claim_in_the_transaction_that_publishes(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-publishing-tx")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    for sql in [
+        "SELECT dedup.try_claim('p-1')",
+        "SELECT dedup.try_claim_many(ARRAY['p-2', 'p-3'])",
+        "SELECT * FROM dedup.lease('p-4')",
+    ] {
+        a.batch_execute("BEGIN; SELECT dedup.rotate_generations(publish => true)")
+            .await?;
+        let (code, message) = error_of(&a, sql).await?;
+        a.batch_execute("ROLLBACK").await?;
+        ensure_eq(
+            code.as_str(),
+            "55000",
+            &format!("{sql} after a publication in its transaction: {message}"),
+        )?;
+    }
+    ensure_eq(
+        claim_tx(&a, "SELECT dedup.try_claim('p-1')").await?,
+        true,
+        "the claim in a transaction of its own",
+    )
+}
+
 /// A sealed generation due to retire is not retired while a lease in it still runs (one
 /// taken before the scope's retention was shortened): the step says it waits, and retires
 /// it once the lease is released. Claims and leases of other jobs go on meanwhile.
@@ -2078,7 +2109,7 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
         // a new job opens none that has a summary (it cannot be there), a copy opens the
         // one that holds it.
         let pid: i32 = one(&c, "SELECT pg_backend_pid()").await?;
-        let locked_by = |job: &'static str| {
+        let locked_by = |job: String| {
             let (a, c) = (&a, &c);
             async move {
                 c.batch_execute(&format!("BEGIN; SELECT dedup.try_claim('{job}')"))
@@ -2098,18 +2129,32 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
                 anyhow::Ok(locked)
             }
         };
-        let fresh = locked_by("fresh-job").await?;
+        // Forty new jobs: a filter's false positive (about 1% of new jobs per summarised
+        // generation, whichever ones the server's random seed picks) opens its generation
+        // too, so a few may open one more; more than 5 of 40 (some 2 expected at most) is
+        // a summary that does not spare the look-up.
         let want_fresh = match memory {
             "0" => vec![0, 1, 2],
             "8kB" => vec![1, 2],
             _ => vec![2],
         };
-        ensure_eq(
-            fresh,
-            want_fresh,
-            "the generations a claim of a new job opens",
-        )?;
-        let copy = locked_by("s1-5").await?;
+        let mut extra = Vec::new();
+        for i in 0..40 {
+            let fresh = locked_by(format!("fresh-job-{i}")).await?;
+            if !want_fresh.iter().all(|n| fresh.contains(n)) {
+                bail!("a claim of the new job fresh-job-{i} opened generations {fresh:?}, not {want_fresh:?}");
+            }
+            if fresh != want_fresh {
+                extra.push(fresh);
+            }
+        }
+        if extra.len() > 5 {
+            bail!(
+                "{} of 40 claims of new jobs opened more generations than {want_fresh:?}: {extra:?}",
+                extra.len()
+            );
+        }
+        let copy = locked_by("s1-5".to_string()).await?;
         if !(copy.contains(&1) && copy.contains(&2)) {
             bail!("a claim of a copy of s1-5 (generation 1) opened generations {copy:?}");
         }
