@@ -112,7 +112,7 @@ COMMENT ON FUNCTION dedup.rotate_generations(pg_catalog.bool) IS
 -- granted EXECUTE on it by hand (docs/retention.md, "The background worker").
 REVOKE ALL ON FUNCTION dedup._rotate(pg_catalog.text) FROM PUBLIC;
 COMMENT ON FUNCTION dedup._rotate(pg_catalog.text) IS
-'Internal: one step of the background worker''s rotation of this database (seal, drop, retire or publish, each only if due; or summarise), as the extension''s owner; what it did. Not granted to PUBLIC: grant EXECUTE to a dedup.prune_role that is not a superuser.';
+'Internal: one step of the background worker''s rotation of this database (seal, drop, retire or publish, each only if due; or summarise), as the extension''s owner; what it did. Called only by the background worker (42501 for any session). Not granted to PUBLIC: grant EXECUTE to a dedup.prune_role that is not a superuser.';
 
 -- The summaries of the sealed generations (src/generations/summary.rs): monitoring, read by
 -- pg_monitor like dedup.expired_summaries().

@@ -5,7 +5,7 @@
 -- on. dedup.generations (always empty here) and dedup.claims() (dedup.processed's rows) are
 -- the native SQL of sql/generations.sql, as they are.
 
--- The error of both functions below: generations are not in the portable edition yet (its
+-- The error of the three functions below: generations are not in the portable edition yet (its
 -- own error: docs/reference/errors.md, "The portable edition's own errors").
 CREATE FUNCTION dedup._portable_no_generations(func pg_catalog.text)
 RETURNS pg_catalog.text

@@ -388,8 +388,9 @@ unsafe fn lock_for_transaction(db: u32, mode: u32) {
 /// mode, held until the transaction ends. Leases do not conflict with each other; a
 /// `use_generations()` (exclusive) waits for every transaction that took it, and they wait
 /// for it, so that once it holds the lock no lease can still be on its way into
-/// `dedup.processed` (it then refuses while one is unfinished), and a lease that waited
-/// for it sees the generations when it looks again (`generations::refuse`).
+/// `dedup.processed` by its `INSERT ... ON CONFLICT` (the leases there stay in generation 0),
+/// and a lease that waited for it sees the generations when it looks again
+/// (`generations::lease_tables`).
 pub(crate) fn hold_off_publishing() {
     let db = my_db();
     // SAFETY: IsTransactionState reads CurrentTransactionState, no ereport.

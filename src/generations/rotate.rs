@@ -1,12 +1,14 @@
 //! Rotation (docs/design/generations.md, "Rotation", "Dropping never stalls a claim"): the
-//! steps over `dedup.generations`, `dedup.use_generations()` and `dedup.rotate_generations()`.
+//! steps over `dedup.generations`, `dedup.use_generations()`, `dedup.rotate_generations()`
+//! and the worker's `dedup._rotate(step)`.
 //! Each step runs in its caller's transaction and records where it is in the generation's
 //! row, so a step a crash or an ERROR cut short is done again at the next call:
 //! - publish: `dedup.processed_<n+1>` is made and becomes `current`; the old one `sealing`;
 //! - seal: the transactions holding a lock on the sealing table (GetLockConflicts, as CREATE
 //!   INDEX CONCURRENTLY lists them) are stored once in `waits` and then polled, never waited
 //!   for; once all ended it is `sealed`, and sealed_at (then) starts its retention;
-//! - retire: a sealed table past sealed_at plus the longest retention is `retired`;
+//! - retire: a sealed table past sealed_at plus the longest retention, in which no lease
+//!   still runs, is `retired`;
 //! - drop: the same stored wait (in every lock mode), a lock taken only if free at once,
 //!   then DROP TABLE (n >= 1, row deleted) or TRUNCATE dedup.processed (n = 0, row kept).
 //!
@@ -140,8 +142,9 @@ pub(crate) fn step(force_publish: bool) -> String {
 /// (`ready_to_prune`), before or after the prune pass. Each step runs in a transaction of
 /// its own (`prune::in_transaction`), so a publication commits before the seal wait that
 /// follows lists the old generation's lockers; what a step did is logged, an ERROR is
-/// logged as a WARNING and the next step goes on. Rotation needs a superuser
-/// (`dedup.prune_role`): otherwise one WARNING per pass, and nothing rotates.
+/// logged as a WARNING and the next step goes on (on Citus every step fails so). Each step
+/// runs in `dedup._rotate`, as the extension's owner: a `dedup.prune_role` that is not a
+/// superuser needs `EXECUTE` on it, otherwise one WARNING per pass, and nothing rotates.
 pub(crate) fn worker_pass(dbname: &str) {
     let ready = prune::in_transaction(|| {
         // Whether the database uses generations is read as a claim reads it, without SQL
