@@ -70,8 +70,6 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'rotate_step_wrapper';
-COMMENT ON FUNCTION dedup._rotate(pg_catalog.text) IS
-'Internal: one step of the background worker''s rotation of this database (seal, drop, retire or publish, each only if due; or summarise), as the extension''s owner; what it did. Not granted to PUBLIC: grant EXECUTE to a dedup.prune_role that is not a superuser.';
 
 -- The catalog of generations, every claim across them (dedup.claims()), and the privileges
 -- and comments of the library's new functions.
