@@ -329,6 +329,7 @@ AS $$
 DECLARE
     d      interval;
     held   dedup.processed;
+    lr     record;
     t      timestamptz;
     tables text[];
     tbl    text;
@@ -352,11 +353,11 @@ BEGIN
     IF tables IS NOT NULL THEN
         -- Generations: a new claim goes into the generation claims go to by the claim
         -- protocol, unique across all of them (dedup._write_lease). If the job has a row,
-        -- it is found and locked until we commit; an expired lease there is taken over, in
-        -- place in the generation claims go to (tables[1]), else moved to it: deleted, then
-        -- written again, so a copy that finds it waits for us. A row gone between the two
-        -- looks (released, forgotten, or moved by a caller that took it over) sends us round
-        -- again.
+        -- it is found and locked until we commit (dedup._lease_row, as complete and
+        -- extend_lease find theirs); an expired lease there is taken over, in place in the
+        -- generation claims go to, else moved to it: deleted, then written again, so a copy
+        -- that finds it waits for us. A row gone between the two looks (released,
+        -- forgotten, or moved more than _lease_row looks again for) sends us round again.
         LOOP
             lease_id := gen_random_uuid();
             expires_at := clock_timestamp() + d;
@@ -366,19 +367,15 @@ BEGIN
                 PERFORM dedup._count(scope, status);
                 RETURN;
             END IF;
-            tables := dedup._lease_tables('dedup.lease', job_id, scope, fingerprint);
-            held := NULL;
-            FOREACH tbl IN ARRAY tables LOOP
-                EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2 FOR UPDATE', tbl)
-                   INTO held USING job_id, scope;
-                EXIT WHEN held.job_id IS NOT NULL;
-            END LOOP;
-            CONTINUE WHEN held.job_id IS NULL;
+            SELECT * INTO lr FROM dedup._lease_row('dedup.lease', job_id, scope);
+            held := lr.held;
+            tbl := lr.tbl;
+            CONTINUE WHEN tbl IS NULL;
             -- Done, running, or another payload: answered below.
             EXIT WHEN held.lease_expires_at IS NULL OR held.lease_expires_at >= clock_timestamp()
                    OR (held.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND held.fingerprint <> fingerprint);
             expires_at := clock_timestamp() + d;
-            IF tbl = tables[1] THEN
+            IF lr.in_place THEN
                 EXECUTE format('UPDATE %s AS p SET processed_at = now(), fingerprint = coalesce($3, p.fingerprint), '
                                'lease_id = $4, lease_expires_at = $5 WHERE p.job_id = $1 AND p.scope = $2', tbl)
                   USING job_id, scope, fingerprint, lease_id, expires_at;

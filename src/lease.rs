@@ -45,8 +45,9 @@ fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str
 /// `dedup._check_claim`, then the tables a lease function looks for the job in: NULL where
 /// the database does not use generations (the function uses `dedup.processed`, and
 /// `use_generations()` waits for this transaction), every generation's otherwise, newest
-/// first, each locked in share mode to the end of the transaction; the first is the one
-/// claims go to (`generations::lease_tables`).
+/// first, each locked to the end of the transaction: the first, the one claims go to, as a
+/// claim locks it (`ROW EXCLUSIVE`, which the seal waits for), the others in share mode
+/// (`generations::lease_tables`).
 #[pg_extern(name = "_lease_tables", volatile, parallel_unsafe)]
 fn lease_tables(
     func: Option<&str>,
@@ -134,7 +135,8 @@ fn check_args(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint
 /// dropped under the read), or `dedup.processed` alone where generations are not used.
 fn claim_tables(func: &str) -> Vec<String> {
     // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
-    unsafe { crate::generations::tables(func) }.unwrap_or_else(|| vec!["dedup.processed".into()])
+    unsafe { crate::generations::tables(func, pg_sys::AccessShareLock as _) }
+        .unwrap_or_else(|| vec!["dedup.processed".into()])
 }
 
 /// `dedup.set_result(job_id, result, scope)`: store the result of a job this transaction

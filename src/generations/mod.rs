@@ -123,23 +123,28 @@ pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
 }
 
 /// The tables of this database's generations, newest first (`dedup.processed_<n>`, and
-/// `dedup.processed` for generation 0 while it is not retired), each opened with
-/// AccessShareLock and checked to be the table its row names ([`open`]); the lock is kept
-/// to the end of the transaction, so none is dropped under a read that follows. A
-/// generation dropped since the list was read is left out: it had been retired, its claims
-/// expired. None: the database does not use generations.
+/// `dedup.processed` for generation 0 while it is not retired), each opened and checked to
+/// be the table its row names ([`open`]): the current one with `current_mode`, the others
+/// with AccessShareLock; the lock is kept to the end of the transaction, so none is dropped
+/// under a read that follows. A generation dropped since the list was read is left out: it
+/// had been retired, its claims expired. None: the database does not use generations.
 ///
 /// # Safety
 ///
 /// As for [`list`].
-pub(crate) unsafe fn tables(func: &str) -> Option<Vec<String>> {
+pub(crate) unsafe fn tables(func: &str, current_mode: pg_sys::LOCKMODE) -> Option<Vec<String>> {
     let (_, list) = list(func);
     let list = list?;
     let mut tables = Vec::new();
-    for g in std::iter::once(&list.current).chain(list.others.iter()) {
+    let modes =
+        std::iter::once(current_mode).chain(std::iter::repeat(pg_sys::AccessShareLock as _));
+    for (g, mode) in std::iter::once(&list.current)
+        .chain(list.others.iter())
+        .zip(modes)
+    {
         // SAFETY: the contract of this function; the relation is closed at once, its lock
         // kept (NoLock) to the end of the transaction.
-        if let Some(rel) = open(*g, pg_sys::AccessShareLock as _, func) {
+        if let Some(rel) = open(*g, mode, func) {
             pg_sys::table_close(rel, pg_sys::NoLock as _);
             tables.push(format!("dedup.{}", relname_of(g.n)));
         }
@@ -175,9 +180,10 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
 }
 
 /// The tables a lease function (`dedup.lease`, `complete`, `extend_lease`,
-/// `release_lease`) looks for its job in, newest generation first, each locked in share mode
-/// to the end of the transaction, with the list current after the locks (so the first is
-/// the generation claims go to, and a seal of it waits for this transaction); None in a
+/// `release_lease`) looks for its job in, newest generation first, each locked to the end of
+/// the transaction (the first as a claim locks it, in `ROW EXCLUSIVE` mode; the others in
+/// share mode), with the list current after the locks (so the first is the generation
+/// claims go to, and a seal of it waits for this transaction); None in a
 /// database that does not use generations, where the function uses `dedup.processed`.
 ///
 /// Where generations are not used, `use_generations()` is held off until this transaction
@@ -203,15 +209,12 @@ pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
         }
     }
     loop {
-        let (epoch, list) = list(func);
-        let list = list?;
+        let (epoch, _) = list(func);
         // The generation claims go to is locked as a claim locks it, RowExclusiveLock: the
         // seal lists the transactions that hold a lock of that strength or stronger on it
-        // (share locks, as the others get, do not make it wait).
-        if let Some(rel) = open(list.current, pg_sys::RowExclusiveLock as _, func) {
-            pg_sys::table_close(rel, pg_sys::NoLock as _);
-        }
-        let tables = tables(func)?;
+        // (share locks, as the others get, do not make it wait). The list is the one just
+        // read (the cache, unless the epoch moved, which the check below sees).
+        let tables = tables(func, pg_sys::RowExclusiveLock as _)?;
         // Locked, then the epoch read again: unchanged, so no publication committed before
         // the locks, and a later one's seal waits for this transaction (the claim path's
         // rule). A lease written in place in the first table is in the generation claims go
