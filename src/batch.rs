@@ -119,9 +119,7 @@ fn claim_many(
         if !claimed.is_empty() {
             let mut looked = crate::expired::Looked::default();
             if let Some(lookup) = crate::expired::Lookup::new(scope) {
-                for key in claimed_keys {
-                    looked.add(lookup.find(key));
-                }
+                looked = lookup.find_all(&claimed_keys);
             }
             crate::stats::count(
                 scope,

@@ -372,7 +372,7 @@ fn share(interval: Duration) -> Duration {
 }
 
 /// Wait on the latch until `at`; false on SIGTERM or when the postmaster died.
-fn sleep_until(at: Instant) -> bool {
+pub(crate) fn sleep_until(at: Instant) -> bool {
     loop {
         let left = at.saturating_duration_since(Instant::now());
         if left.is_zero() {
