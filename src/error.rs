@@ -329,7 +329,7 @@ pub fn generation_memory_off(func: &str) {
     )
     .set_detail("A claim probes the index of every sealed generation.")
     .set_hint(
-        "Set dedup.generation_memory (16MB by default) in postgresql.conf and restart the server.",
+        "Set dedup.generation_memory (32MB by default) in postgresql.conf and restart the server.",
     )
     .report(PgLogLevel::WARNING);
 }

@@ -36,7 +36,7 @@ pub static EXPIRED_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
 
 /// `dedup.generation_memory`, kB: the shared memory of the summaries of sealed generations
 /// (0: none).
-pub static GENERATION_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(16 * 1024);
+pub static GENERATION_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
 
 /// `dedup.expired_lookback`, seconds: how long a pruned claim is remembered at least; -1:
 /// the longest retention in force in the database pruned last.

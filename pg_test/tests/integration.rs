@@ -140,6 +140,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::a_claim_before_a_rotation_is_a_duplicate_after_it,
     generations::a_copy_in_flight_in_the_old_generation_is_waited_for,
     generations::the_seal_waits_for_an_open_claimer_and_blocks_no_claim,
+    generations::the_seal_does_not_wait_for_an_autovacuum,
     generations::a_prepared_transaction_holds_back_the_seal,
     generations::the_drop_never_queues,
     generations::processed_is_truncated_not_dropped_after_its_retention,

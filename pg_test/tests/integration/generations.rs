@@ -1031,6 +1031,51 @@ pub async fn the_seal_waits_for_an_open_claimer_and_blocks_no_claim(_ctx: Ctx) -
     )
 }
 
+/// An autovacuum of the generation being sealed does not hold the seal back: it inserts
+/// nothing (a generation takes inserts only, which is what starts one, and one of a full
+/// generation can run for minutes, every claim probing the old generation meanwhile). The
+/// generation's autovacuum is made to crawl (a cost limit of 1, a delay of 100 ms) and
+/// caught running; the seal comes while it still runs.
+pub async fn the_seal_does_not_wait_for_an_autovacuum(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) =
+        server(preloaded("gen-autovacuum").set("autovacuum_naptime", "1")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    settle(&a).await?;
+    let n = current(&a).await?;
+    a.batch_execute(&format!(
+        "ALTER TABLE dedup.processed_{n} SET (autovacuum_vacuum_insert_threshold = 1, \
+             autovacuum_vacuum_insert_scale_factor = 0, autovacuum_analyze_threshold = 1, \
+             autovacuum_analyze_scale_factor = 0, autovacuum_vacuum_cost_delay = 100, \
+             autovacuum_vacuum_cost_limit = 1); \
+         SELECT count(*) FROM dedup.try_claim_many(ARRAY(SELECT 'av-' || g FROM generate_series(1, 10000) g)); \
+         SELECT count(*) FROM dedup.try_claim_many(ARRAY(SELECT 'av-' || g FROM generate_series(10001, 20000) g))"
+    ))
+    .await?;
+    let running = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker' \
+          AND query LIKE '%processed_{n}%'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while one::<i64>(&a, &running).await? == 0 {
+        if Instant::now() > deadline {
+            bail!("no autovacuum of dedup.processed_{n} started within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    publish(&a).await?;
+    let said = rotate_until(&a, n, "sealed", 5).await?;
+    println!("  rotate_generations() with an autovacuum of generation {n} running: {said:?}");
+    if one::<i64>(&a, &running).await? == 0 {
+        bail!("the autovacuum of dedup.processed_{n} ended before the seal: the test shows nothing (it must crawl longer)");
+    }
+    ensure_eq(
+        claim_tx(&claimer(&dsn).await?, "SELECT dedup.try_claim('av-7')").await?,
+        false,
+        "a copy of a job of the sealed generation",
+    )
+}
+
 /// A prepared transaction that claimed in the old generation holds back its seal as an
 /// open one does (it is listed too), and claims go on meanwhile; `COMMIT PREPARED` lets it
 /// seal.
