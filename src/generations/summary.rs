@@ -242,8 +242,6 @@ pub(crate) fn find(relid: pg_sys::Oid, n: i32) -> Option<Held> {
 }
 
 impl Held {
-    /// Is the key of `hash` certainly not in the generation? False when it may be, and when
-    /// the filter changed since it was found.
     /// Ask the CPU to bring into its cache the block [`Held::absent`] will read for `hash`,
     /// without waiting for it: a batch asks a few keys ahead, so that a new key's look-up
     /// (a cache miss per filter otherwise: the filters are megabytes, read at random) finds
@@ -256,6 +254,8 @@ impl Held {
         );
     }
 
+    /// Is the key of `hash` certainly not in the generation? False when it may be, and when
+    /// the filter changed since it was found.
     pub(crate) fn absent(&self, hash: u64) -> bool {
         let Some(area) = area() else { return false };
         let (block, bits) = crate::expired::place(hash, self.blocks);
