@@ -110,7 +110,8 @@ RETURNS TABLE (
     waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
     retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8,
     expired_duplicates pg_catalog.int8, last_expired_duplicate_at pg_catalog.timestamptz,
-    expired_duplicate_after_max pg_catalog.interval, expired_duplicates_expected pg_catalog.float8)
+    expired_duplicate_after_max pg_catalog.interval, expired_duplicates_expected pg_catalog.float8,
+    unsummarised_probes pg_catalog.int8, summary_false_positives pg_catalog.int8)
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
 SET search_path = pg_catalog, pg_temp
 AS $$

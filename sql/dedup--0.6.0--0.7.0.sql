@@ -648,3 +648,127 @@ END
 $$;
 COMMENT ON FUNCTION dedup.release_lease(pg_catalog.text, pg_catalog.uuid, pg_catalog.text) IS
 'Give a held lease back after a failure, so a retry need not wait for it to expire.';
+
+-- dedup.stats_counters() has two new columns, the index probes of sealed generations (for
+-- want of a summary, and a summary's false positives): the view on it and
+-- dedup.cluster_stats() are made again.
+DROP VIEW dedup.stats;
+DROP FUNCTION dedup.stats_counters();
+CREATE  FUNCTION "stats_counters"() RETURNS TABLE (
+	"datname" TEXT,
+	"scope" TEXT,
+	"consumer" TEXT,
+	"claims" bigint,
+	"duplicates" bigint,
+	"busy" bigint,
+	"fingerprint_mismatches" bigint,
+	"last_claim_at" timestamp with time zone,
+	"last_duplicate_at" timestamp with time zone,
+	"late_duplicates" bigint,
+	"duplicate_age_sum" interval,
+	"duplicate_age_max" interval,
+	"duplicate_ages" bigint[],
+	"waits" bigint,
+	"wait_time" interval,
+	"wait_max" interval,
+	"batches" bigint,
+	"advances" bigint,
+	"expired_duplicates" bigint,
+	"last_expired_duplicate_at" timestamp with time zone,
+	"expired_duplicate_after_max" interval,
+	"expired_duplicates_expected" double precision,
+	"unsummarised_probes" bigint,
+	"summary_false_positives" bigint
+)
+STRICT VOLATILE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'stats_counters_wrapper';
+REVOKE ALL ON FUNCTION dedup.stats_counters() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.stats_counters() TO pg_monitor;
+COMMENT ON FUNCTION dedup.stats_counters() IS
+    'The counters behind dedup.stats, for every database.';
+CREATE VIEW dedup.stats AS
+    SELECT c.datname, c.scope, c.consumer, c.claims, c.duplicates, c.busy, c.fingerprint_mismatches,
+           c.last_claim_at, c.last_duplicate_at,
+           p.rows_deleted AS rows_pruned, p.last_pass_at AS last_pruned_at,
+           e.claims AS live_claims_estimate,
+           c.late_duplicates, c.duplicate_age_max,
+           c.duplicate_age_sum OPERATOR(pg_catalog./) NULLIF(
+               (SELECT pg_catalog.sum(a) FROM pg_catalog.unnest(c.duplicate_ages) AS a), 0)::pg_catalog.float8
+               AS duplicate_age_avg,
+           c.duplicate_ages,
+           c.waits, c.wait_time, c.wait_max,
+           CASE WHEN c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+                 AND c.scope OPERATOR(pg_catalog.<>) '(overflow)'
+                THEN dedup.retention(c.scope) END AS retention,
+           c.batches, c.advances,
+           c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max,
+           c.expired_duplicates_expected,
+           c.unsummarised_probes, c.summary_false_positives
+      FROM dedup.stats_counters() AS c
+      LEFT JOIN dedup._prune_status AS p
+             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+            AND p.scope OPERATOR(pg_catalog.=) c.scope
+      LEFT JOIN dedup._live_claims_estimate() AS e
+             ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()
+            AND e.scope OPERATOR(pg_catalog.=) c.scope;
+COMMENT ON VIEW dedup.stats IS
+    'Claims won, duplicates skipped, busy and fingerprint mismatches per database, scope and consumer (needs shared_preload_libraries = ''dedup''); the ages of the claims duplicates hit and the waits for concurrent holders; copies that ran again because their claim had expired; prune columns and retention for this database.';
+REVOKE ALL ON TABLE dedup.stats FROM PUBLIC;
+GRANT SELECT ON TABLE dedup.stats TO pg_monitor;
+DROP FUNCTION dedup.cluster_stats();
+
+-- Every node's dedup.stats, through Citus. Runs as the caller on each node (pg_monitor
+-- there reads dedup.stats).
+CREATE FUNCTION dedup.cluster_stats()
+RETURNS TABLE (
+    nodename pg_catalog.text, nodeport pg_catalog.int4,
+    datname pg_catalog.text, scope pg_catalog.text, consumer pg_catalog.text,
+    claims pg_catalog.int8, duplicates pg_catalog.int8, busy pg_catalog.int8,
+    fingerprint_mismatches pg_catalog.int8,
+    last_claim_at pg_catalog.timestamptz, last_duplicate_at pg_catalog.timestamptz,
+    rows_pruned pg_catalog.int8, last_pruned_at pg_catalog.timestamptz,
+    live_claims_estimate pg_catalog.int8,
+    late_duplicates pg_catalog.int8, duplicate_age_max pg_catalog.interval,
+    duplicate_age_avg pg_catalog.interval, duplicate_ages pg_catalog.int8[],
+    waits pg_catalog.int8, wait_time pg_catalog.interval, wait_max pg_catalog.interval,
+    retention pg_catalog.interval, batches pg_catalog.int8, advances pg_catalog.int8,
+    expired_duplicates pg_catalog.int8, last_expired_duplicate_at pg_catalog.timestamptz,
+    expired_duplicate_after_max pg_catalog.interval, expired_duplicates_expected pg_catalog.float8,
+    unsummarised_probes pg_catalog.int8, summary_false_positives pg_catalog.int8)
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = 'dedup.cluster_stats: Citus is not installed in this database',
+            HINT = 'On a single server, read dedup.stats.';
+    END IF;
+    FOR r IN EXECUTE $q$
+        SELECT n.nodename::pg_catalog.text AS nodename, n.nodeport, x.success, x.result
+          FROM pg_catalog.run_command_on_all_nodes(
+                   $c$SELECT COALESCE(pg_catalog.json_agg(s), '[]') FROM dedup.stats AS s$c$) AS x
+          JOIN pg_catalog.pg_dist_node AS n ON n.nodeid OPERATOR(pg_catalog.=) x.nodeid
+         ORDER BY n.nodeid $q$
+    LOOP
+        IF NOT r.success THEN
+            RAISE EXCEPTION USING ERRCODE = '58000',
+                MESSAGE = pg_catalog.format('dedup.cluster_stats: node %s:%s did not answer: %s',
+                                            r.nodename, r.nodeport, r.result),
+                HINT = 'Check that node, and that this role may read dedup.stats there (pg_monitor).';
+        END IF;
+        RETURN QUERY
+            SELECT r.nodename, r.nodeport, s.*
+              FROM pg_catalog.json_populate_recordset(NULL::dedup.stats, r.result::pg_catalog.json) AS s
+             ORDER BY s.datname, s.scope, s.consumer;
+    END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION dedup.cluster_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
+COMMENT ON FUNCTION dedup.cluster_stats() IS
+'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';

@@ -32,7 +32,8 @@ CREATE VIEW dedup.stats AS
                 THEN dedup.retention(c.scope) END AS retention,
            c.batches, c.advances,
            c.expired_duplicates, c.last_expired_duplicate_at, c.expired_duplicate_after_max,
-           c.expired_duplicates_expected
+           c.expired_duplicates_expected,
+           c.unsummarised_probes, c.summary_false_positives
       FROM dedup.stats_counters() AS c
       LEFT JOIN dedup._prune_status AS p
              ON c.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()

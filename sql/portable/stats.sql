@@ -27,7 +27,9 @@ RETURNS TABLE (
     expired_duplicates     pg_catalog.int8,
     last_expired_duplicate_at pg_catalog.timestamptz,
     expired_duplicate_after_max pg_catalog.interval,
-    expired_duplicates_expected pg_catalog.float8)
+    expired_duplicates_expected pg_catalog.float8,
+    unsummarised_probes    pg_catalog.int8,
+    summary_false_positives pg_catalog.int8)
 LANGUAGE plpgsql STRICT VOLATILE PARALLEL RESTRICTED
 AS $$
 BEGIN

@@ -33,3 +33,14 @@
 --@ replace leases.sql dedup.complete(text, uuid, jsonb, text)
 --@ replace leases.sql dedup.extend_lease(text, uuid, interval, text)
 --@ replace leases.sql dedup.release_lease(text, uuid, text)
+
+-- dedup.stats_counters() has two new columns, the index probes of sealed generations (for
+-- want of a summary, and a summary's false positives): the view on it and
+-- dedup.cluster_stats() are made again.
+DROP VIEW dedup.stats;
+DROP FUNCTION dedup.stats_counters();
+--@ create library dedup.stats_counters
+--@ create stats.sql dedup.stats_counters
+--@ create stats.sql dedup.stats
+DROP FUNCTION dedup.cluster_stats();
+--@ create citus.sql dedup.cluster_stats

@@ -13,6 +13,7 @@
 use crate::error;
 use pgrx::pg_sys;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) mod epoch;
 pub(crate) mod rotate;
@@ -381,6 +382,29 @@ pub(crate) struct Other {
     pub(crate) summary: Option<summary::Held>,
 }
 
+/// Index probes of sealed generations this backend made since [`take_probes`] last ran:
+/// for want of a summary, and those a summary's "maybe" asked for that found no row of the
+/// job. Backend-local (each backend is a process of its own); `stats::count` takes them at
+/// the end of the call that made them.
+static UNSUMMARISED: AtomicU64 = AtomicU64::new(0);
+static FALSE_POSITIVES: AtomicU64 = AtomicU64::new(0);
+
+/// The probes [`probe`] counted since the last take (the columns `unsummarised_probes` and
+/// `summary_false_positives` of `dedup.stats`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Probes {
+    pub(crate) unsummarised: u64,
+    pub(crate) false_positives: u64,
+}
+
+/// Take (and zero) the probes counted since the last take.
+pub(crate) fn take_probes() -> Probes {
+    Probes {
+        unsummarised: UNSUMMARISED.swap(0, Ordering::Relaxed),
+        false_positives: FALSE_POSITIVES.swap(0, Ordering::Relaxed),
+    }
+}
+
 /// Look for (job_id, scope) in `other` with a dirty snapshot, which sees rows of
 /// transactions in progress and whether a row is still speculative, as PostgreSQL's own
 /// unique check does (check_exclusion_or_unique_constraint in execIndexing.c, whose loop is
@@ -434,6 +458,19 @@ pub(crate) unsafe fn probe(other: &Other, job_id: pg_sys::Datum, scope: pg_sys::
     }
     pg_sys::index_endscan(scan);
     pg_sys::ExecClearTuple(other.slot);
+    // A sealed generation is probed for want of a summary, or where its summary said
+    // "maybe" (a claim looks only then): finding nothing there, the "maybe" was wrong.
+    if other.sealed {
+        match (&other.summary, &found) {
+            (None, _) => {
+                UNSUMMARISED.fetch_add(1, Ordering::Relaxed);
+            }
+            (Some(_), Found::Clear) => {
+                FALSE_POSITIVES.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
     found
 }
 

@@ -202,9 +202,10 @@ pub(crate) struct Held {
 
 /// What a generation without a summary costs, said (at LOG, by the worker) when one does not
 /// fit: the worker says it again at each pass until it fits or is dropped.
-const UNSUMMARISED: &str =
-    "until it is summarised or dropped, every new claim probes its index (raise \
-     dedup.generation_memory, which needs a restart: about 1.25 bytes per sealed claim)";
+pub(crate) const UNSUMMARISED: &str =
+    "until it is summarised or dropped, every new claim probes its index (counted in \
+     unsummarised_probes of dedup.stats; raise dedup.generation_memory, which needs a \
+     restart: about 1.25 bytes per sealed claim)";
 
 /// The filter of generation `n`, table `relid`, of this database, if it is built. A table
 /// rewritten since (VACUUM FULL, CLUSTER) holds the same rows or fewer: its filter still

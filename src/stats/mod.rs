@@ -122,6 +122,9 @@ fn advance(field: &AtomicU64, now: u64) {
 
 /// Count one claim or lease call.
 pub fn count(scope: &str, event: Event) {
+    // The probes of sealed generations this backend made since it last counted: the call's
+    // own (each call that claims counts before it returns), taken even when not counting.
+    let probes = crate::generations::take_probes();
     if !available() || !guc::TRACK_STATS.get() {
         return;
     }
@@ -137,6 +140,13 @@ pub fn count(scope: &str, event: Event) {
             (*SHARED).overflowed.fetch_add(1, Ordering::Relaxed);
         }
         add(entry, scope, event, now);
+        let c = |counter: Counter| counter.of(entry, 0);
+        if probes.unsummarised > 0 {
+            c(UNSUMMARISED_PROBES).fetch_add(probes.unsummarised, Ordering::Relaxed);
+        }
+        if probes.false_positives > 0 {
+            c(SUMMARY_FALSE_POSITIVES).fetch_add(probes.false_positives, Ordering::Relaxed);
+        }
     }
 }
 

@@ -193,6 +193,12 @@ counters! {
     // How many of them chance alone explains: the summaries' false-positive rate, summed
     // over the claims that looked (billionths).
     EXPIRED_EXPECTED: Billionths "expired_duplicates_expected",
+    // Index probes a claim made in a sealed generation of dedup.generations for want of its
+    // summary (none built yet, or it did not fit dedup.generation_memory), and probes a
+    // summary's "maybe" asked for that found no row of the job (its false positives, or a
+    // row dedup.forget deleted): src/generations, counted by the call that made them.
+    UNSUMMARISED_PROBES: Count "unsummarised_probes",
+    SUMMARY_FALSE_POSITIVES: Count "summary_false_positives",
 }
 
 /// One entry of the shared hash table (the key must come first): its generation, then the

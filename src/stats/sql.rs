@@ -42,6 +42,8 @@ pub(super) fn stats_counters() -> TableIterator<
         name!(last_expired_duplicate_at, Option<TimestampWithTimeZone>),
         name!(expired_duplicate_after_max, Interval),
         name!(expired_duplicates_expected, f64),
+        name!(unsummarised_probes, i64),
+        name!(summary_false_positives, i64),
     ),
 > {
     if !available() {
@@ -84,6 +86,8 @@ pub(super) fn stats_counters() -> TableIterator<
                 shown_time(&r, LAST_EXPIRED_AT),
                 interval(EXPIRED_AFTER_MAX),
                 r.get(EXPIRED_EXPECTED)[0] as f64 / 1e9,
+                count(UNSUMMARISED_PROBES),
+                count(SUMMARY_FALSE_POSITIVES),
             )
         })
         .collect();

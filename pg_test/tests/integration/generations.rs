@@ -2183,6 +2183,24 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
             "8kB" => vec![1, 2],
             _ => vec![2],
         };
+        // The probes dedup.stats counts: each claim of a new job probes every sealed
+        // generation without a summary, and each one a false positive opened.
+        let probes = || {
+            let a = &a;
+            async move {
+                let r = a
+                    .query_one(
+                        "SELECT coalesce(sum(unsummarised_probes), 0)::int8, \
+                                coalesce(sum(summary_false_positives), 0)::int8 \
+                           FROM dedup.stats \
+                          WHERE datname = current_database() AND scope = 'default'",
+                        &[],
+                    )
+                    .await?;
+                anyhow::Ok((r.get::<_, i64>(0), r.get::<_, i64>(1)))
+            }
+        };
+        let before = probes().await?;
         let mut extra = Vec::new();
         for i in 0..40 {
             let fresh = locked_by(format!("fresh-job-{i}")).await?;
@@ -2199,6 +2217,20 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
                 extra.len()
             );
         }
+        let after = probes().await?;
+        let unsummarised = want_fresh.len() as i64 - 1;
+        let false_positives: i64 = extra
+            .iter()
+            .map(|fresh| (fresh.len() - want_fresh.len()) as i64)
+            .sum();
+        ensure_eq(
+            (after.0 - before.0, after.1 - before.1),
+            (40 * unsummarised, false_positives),
+            &format!(
+                "the probes of 40 new jobs counted in dedup.stats (unsummarised_probes, \
+                 summary_false_positives; memory {memory})"
+            ),
+        )?;
         let copy = locked_by("s1-5".to_string()).await?;
         if !(copy.contains(&1) && copy.contains(&2)) {
             bail!("a claim of a copy of s1-5 (generation 1) opened generations {copy:?}");
