@@ -542,7 +542,7 @@ fn set_over_everything(name: &str, value: &str) {
 /// made the worker leave every pass there early. So when the lock is taken the worker leaves only if a session holding it could go on
 /// ([`a_holder_may_go_on`]); a role that may not has its command fail whatever the worker
 /// does (worker::a_failing_drop_database_does_not_stop_pruning).
-fn database_is_being_dropped() -> bool {
+pub(crate) fn database_is_being_dropped() -> bool {
     let tag = pg_sys::LOCKTAG {
         locktag_field1: 0, // a shared object: no database
         locktag_field2: pg_sys::DatabaseRelationId.into(),

@@ -505,33 +505,36 @@ impl Lookup {
     /// look-ups, a cache miss per summary otherwise, find them in cache.
     pub fn find_all(&self, job_ids: &[&str]) -> Looked {
         const AHEAD: usize = 8;
-        let blocks: Vec<u64> = job_ids
-            .iter()
-            .map(|j| block_of(job_hash(self.seed, j), self.ring.blocks))
-            .collect();
-        let prefetch = |block: u64| {
+        let hashes: Vec<u64> = job_ids.iter().map(|j| job_hash(self.seed, j)).collect();
+        let prefetch = |hash: u64| {
+            let block = block_of(hash, self.ring.blocks);
             for &(n, _) in &self.candidates[..self.n] {
                 prefetch(self.ring.block(n, block));
             }
         };
-        blocks.iter().take(AHEAD).for_each(|b| prefetch(*b));
+        hashes.iter().take(AHEAD).for_each(|h| prefetch(*h));
         let mut looked = Looked::default();
-        for (i, job_id) in job_ids.iter().enumerate() {
-            if let Some(b) = blocks.get(i + AHEAD) {
-                prefetch(*b);
+        for (i, hash) in hashes.iter().enumerate() {
+            if let Some(h) = hashes.get(i + AHEAD) {
+                prefetch(*h);
             }
-            looked.add(self.find(job_id));
+            looked.add(self.find_hash(*hash));
         }
         looked
     }
 
     /// Look `job_id` up.
     pub fn find(&self, job_id: &str) -> Looked {
+        self.find_hash(job_hash(self.seed, job_id))
+    }
+
+    /// Look up the job whose hash (`job_hash` with this look-up's seed) is `hash`.
+    fn find_hash(&self, hash: u64) -> Looked {
         let mut looked = Looked {
             expected_ppb: self.expected_ppb,
             ..Default::default()
         };
-        let (block, bits) = place(job_hash(self.seed, job_id), self.ring.blocks);
+        let (block, bits) = place(hash, self.ring.blocks);
         for &(n, seq) in &self.candidates[..self.n] {
             let slot = &self.ring.slots[n];
             let words = self.ring.block(n, block);

@@ -214,9 +214,11 @@ pub(crate) fn worker_pass(dbname: &str) {
     // publication (a third of the time at the benchmark's 30 s width and 11 s interval).
     if published {
         let until = std::time::Instant::now() + SEAL_PATIENCE;
+        // (Not while a DROP DATABASE that may go on waits for the worker to leave.)
         while in_own_transaction(dbname, Kind::Seal, true)
             .is_some_and(|said| said.starts_with("waiting"))
             && std::time::Instant::now() < until
+            && !crate::worker::database_is_being_dropped()
             && crate::worker::sleep_until(std::time::Instant::now() + SEAL_POLL)
         {}
     }
@@ -224,9 +226,12 @@ pub(crate) fn worker_pass(dbname: &str) {
         Ok(said) => {
             for line in said {
                 // A summary that does not fit is said at LOG (each pass, until it fits or
-                // its generation goes: every claim pays a probe meanwhile); a race with
-                // another writer of the summaries, at DEBUG1 (the next pass builds it).
-                if line.starts_with("did not") && !line.contains("dedup.generation_memory") {
+                // its generation goes: every claim pays a probe meanwhile; its line ends
+                // with what that costs); a race with another writer of the summaries, at
+                // DEBUG1 (the next pass builds it).
+                if line.starts_with("did not")
+                    && !line.ends_with(crate::generations::summary::UNSUMMARISED)
+                {
                     debug1!("dedup: database \"{dbname}\": {line}");
                 } else {
                     log!("dedup: database \"{dbname}\": {line}");
