@@ -102,6 +102,7 @@ fn claim_many(
                 previous = now;
             });
         }
+        crate::stats::count_probes(scope, crate::generations::take_probes());
         let mut claimed_keys = Vec::new();
         for ((outcome, started, ended), &(key, i)) in outcomes.into_iter().zip(&keys) {
             match outcome {

@@ -205,7 +205,9 @@ pub(crate) fn claim_checked(
         // (check_writable refused a standby, a read-only transaction and parallel mode), on
         // the backend's main thread, under the pgrx guard of the #[pg_extern] function that
         // called us, which re-raises every ERROR insert_claim's PostgreSQL calls raise.
-        unsafe { insert_claim(scope, job_id, fingerprint) }
+        let outcome = unsafe { insert_claim(scope, job_id, fingerprint) };
+        stats::count_probes(scope, crate::generations::take_probes());
+        outcome
     };
     // A copy of a job whose claim was pruned? (Not through Citus: its claims are pruned on
     // the nodes that hold the shards, where the claim is not made, so they are not kept.)
@@ -314,6 +316,8 @@ pub(crate) unsafe fn insert_claims(
     // (the epoch moved) starts over from the key it was at, with the new list: the keys
     // before it are decided.
     let mut start = 0;
+    // Probes counted by a call that failed before it could take them are not this call's.
+    crate::generations::take_probes();
     loop {
         // A claim can start over many times only if the generations keep changing.
         pg_sys::check_for_interrupts!();

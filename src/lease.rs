@@ -111,6 +111,18 @@ fn write_lease(
             },
         );
     }
+    // A lease moved here (taken over, extended or completed in an older generation) had its
+    // old row deleted by this transaction, which the probe of that generation then does not
+    // see: not a false positive of its summary. So a lease function counts only the probes
+    // made for want of a summary.
+    let probes = crate::generations::take_probes();
+    crate::stats::count_probes(
+        scope,
+        crate::generations::Probes {
+            false_positives: 0,
+            ..probes
+        },
+    );
     written
 }
 

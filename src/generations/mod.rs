@@ -384,8 +384,9 @@ pub(crate) struct Other {
 
 /// Index probes of sealed generations this backend made since [`take_probes`] last ran:
 /// for want of a summary, and those a summary's "maybe" asked for that found no row of the
-/// job. Backend-local (each backend is a process of its own); `stats::count` takes them at
-/// the end of the call that made them.
+/// job. Backend-local (each backend is a process of its own). `claim::insert_claims` takes
+/// (and drops) what is left from a call that failed before it begins, and each caller takes
+/// its own right after it, for `stats::count_probes`.
 static UNSUMMARISED: AtomicU64 = AtomicU64::new(0);
 static FALSE_POSITIVES: AtomicU64 = AtomicU64::new(0);
 

@@ -122,9 +122,6 @@ fn advance(field: &AtomicU64, now: u64) {
 
 /// Count one claim or lease call.
 pub fn count(scope: &str, event: Event) {
-    // The probes of sealed generations this backend made since it last counted: the call's
-    // own (each call that claims counts before it returns), taken even when not counting.
-    let probes = crate::generations::take_probes();
     if !available() || !guc::TRACK_STATS.get() {
         return;
     }
@@ -140,13 +137,28 @@ pub fn count(scope: &str, event: Event) {
             (*SHARED).overflowed.fetch_add(1, Ordering::Relaxed);
         }
         add(entry, scope, event, now);
+    }
+}
+
+/// Count the index probes of sealed generations one call made for `scope` (what
+/// `generations::take_probes` gave right after its claims): nothing to do for none, the
+/// common case.
+pub(crate) fn count_probes(scope: &str, probes: crate::generations::Probes) {
+    if probes.unsummarised == 0 && probes.false_positives == 0 {
+        return;
+    }
+    if !available() || !guc::TRACK_STATS.get() {
+        return;
+    }
+    // SAFETY: as in count(): on the backend's main thread, inside a #[pg_extern], with
+    // SHARED and HASH set; every counter here has one value.
+    unsafe {
+        let Some(entry) = entry_for(scope) else {
+            return;
+        };
         let c = |counter: Counter| counter.of(entry, 0);
-        if probes.unsummarised > 0 {
-            c(UNSUMMARISED_PROBES).fetch_add(probes.unsummarised, Ordering::Relaxed);
-        }
-        if probes.false_positives > 0 {
-            c(SUMMARY_FALSE_POSITIVES).fetch_add(probes.false_positives, Ordering::Relaxed);
-        }
+        c(UNSUMMARISED_PROBES).fetch_add(probes.unsummarised, Ordering::Relaxed);
+        c(SUMMARY_FALSE_POSITIVES).fetch_add(probes.false_positives, Ordering::Relaxed);
     }
 }
 
