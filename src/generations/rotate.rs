@@ -222,6 +222,11 @@ pub(crate) fn worker_pass(dbname: &str) {
             && crate::worker::sleep_until(std::time::Instant::now() + SEAL_POLL)
         {}
     }
+    // Building a summary reads a whole generation: not while a DROP DATABASE that may go on
+    // waits for the worker to leave (if the drop fails, the next pass builds it).
+    if crate::worker::database_is_being_dropped() {
+        return;
+    }
     match prune::in_transaction(|| call_rotate("summarise")) {
         Ok(said) => {
             for line in said {
