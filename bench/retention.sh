@@ -131,12 +131,17 @@ end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
   echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
   echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums"; } | tee -a "$OUT"
 # The generations server's sealed generations, and how many have no summary (a claim then
-# probes their index: dedup.generation_memory too small for them, or not built yet).
+# probes their index: dedup.generation_memory too small for them, or not built yet), and
+# the probes claims made so far in sealed generations (dedup.stats, every scope): for want
+# of a summary, and a summary's false positives.
 summaries() {
     psql -p $((PORT + 2)) -d bench -At -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()), count(*),
-        count(*) FILTER (WHERE NOT summarised), coalesce(sum(bytes), 0) FROM dedup.generation_summaries()"
+        count(*) FILTER (WHERE NOT summarised), coalesce(sum(bytes), 0),
+        (SELECT coalesce(sum(unsummarised_probes), 0) FROM dedup.stats),
+        (SELECT coalesce(sum(summary_false_positives), 0) FROM dedup.stats)
+        FROM dedup.generation_summaries()"
 }
-[ "${#servers[@]}" = 2 ] || echo "# summaries: epoch sealed_generations unsummarised summary_bytes" | tee -a "$OUT"
+[ "${#servers[@]}" = 2 ] || echo "# summaries: epoch sealed_generations unsummarised summary_bytes unsummarised_probes summary_false_positives" | tee -a "$OUT"
 while python3 -c "import sys, time; sys.exit(time.time() >= $end)"; do
     for s in "${servers[@]}"; do echo "sample ${names[$s]} $(sample $s)" | tee -a "$OUT" >>"$dir/samples"; done
     [ "${#servers[@]}" = 2 ] || echo "summaries generations $(summaries)" | tee -a "$OUT" >/dev/null
