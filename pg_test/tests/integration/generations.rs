@@ -2354,6 +2354,147 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
     Ok(())
 }
 
+/// `dedup.generation_summaries()` as (generation, summarised, keys, bytes), oldest first.
+async fn summary_rows(c: &Conn) -> Result<Vec<(i32, bool, Option<i64>, Option<i64>)>> {
+    Ok(c.query(
+        "SELECT generation, summarised, keys, bytes FROM dedup.generation_summaries() \
+          ORDER BY generation",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    .collect())
+}
+
+/// Summaries freed oldest first leave gaps in `dedup.generation_memory`, each too small
+/// for the next summary though together they hold it (seen flat out: 12.6 MB free in three
+/// gaps, a summary of 6.7 MB not built for 25 s while every claim probed its generation).
+/// The summaries in use move down to join the gaps, and a moved summary still holds every
+/// key: here 10kB (160 blocks of 64 bytes), database `app`'s summary of 3,000 claims at
+/// blocks 0 to 58, database `other`'s at 59 to 117; `app` is dropped (the launcher frees
+/// its summary), and `other`'s generation 1, sealed with 4,000 claims, needs 79 blocks,
+/// more than either gap (59 and 42). It is summarised, every copy of a job of the moved
+/// summary's generation is a duplicate (one by one and in a batch), and new jobs probe no
+/// generation for want of a summary.
+pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> Result<()> {
+    let opts = preloaded("gen-compact")
+        .set("dedup.generation_memory", "10kB")
+        .set("dedup.prune_interval", "1s");
+    let cluster = tokio::task::spawn_blocking(move || -> Result<Cluster> {
+        let cluster = Cluster::start(opts)?;
+        cluster.create_db_with_extension(DB)?;
+        cluster.create_db_with_extension("other")?;
+        Ok(cluster)
+    })
+    .await??;
+    // Each database: 3,000 claims in dedup.processed, which becomes generation 0 and is
+    // sealed and summarised (59 blocks), app's first.
+    let other = admin(&cluster.dsn("other")).await?;
+    for dsn in [cluster.dsn(DB), cluster.dsn("other")] {
+        let a = admin(&dsn).await?;
+        ensure_eq(
+            one::<i64>(
+                &a,
+                "SELECT count(*) FROM generate_series(1, 3000) g WHERE dedup.try_claim('g0-' || g)",
+            )
+            .await?,
+            3000,
+            "claims in generation 0",
+        )?;
+        use_generations(&a).await?;
+        settle(&a).await?;
+        rotate(&a).await?;
+        ensure_eq(
+            summary_rows(&a).await?,
+            vec![(0, true, Some(3000), Some(59 * 64))],
+            &format!("the summary of generation 0 in {dsn}"),
+        )?;
+    }
+    ensure_eq(
+        one::<i64>(
+            &other,
+            "SELECT count(*) FROM generate_series(1, 4000) g WHERE dedup.try_claim('g1-' || g)",
+        )
+        .await?,
+        4000,
+        "claims in generation 1 of other",
+    )?;
+    other
+        .batch_execute(&format!("DROP DATABASE {DB} WITH (FORCE)"))
+        .await?;
+    publish(&other).await?;
+    settle(&other).await?;
+    // The launcher frees app's summary within a pass or two (1 s each); the rotation then
+    // places generation 1's.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut said = Vec::new();
+    let want = vec![
+        (0, true, Some(3000), Some(59 * 64)),
+        (1, true, Some(4000), Some(79 * 64)),
+    ];
+    loop {
+        said.push(rotate(&other).await?);
+        let got = summary_rows(&other).await?;
+        if got == want {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "generation 1 of other not summarised in 20 s with 101 of 160 blocks free: \
+                 {got:?}; the last steps said {:?}",
+                &said[said.len().saturating_sub(5)..]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let c = claimer(&cluster.dsn("other")).await?;
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM generate_series(1, 3000) g WHERE dedup.try_claim('g0-' || g)",
+        )
+        .await?,
+        0,
+        "copies of the jobs of generation 0, whose summary moved",
+    )?;
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM dedup.try_claim_many(ARRAY(SELECT 'g0-' || g FROM generate_series(1, 3000) g))",
+        )
+        .await?,
+        0,
+        "a batch of copies of the jobs of generation 0",
+    )?;
+    let probes = || {
+        let other = &other;
+        async move {
+            one::<i64>(
+                other,
+                "SELECT coalesce(sum(unsummarised_probes), 0)::int8 FROM dedup.stats \
+                  WHERE datname = current_database()",
+            )
+            .await
+        }
+    };
+    let before = probes().await?;
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM generate_series(1, 100) g WHERE dedup.try_claim('new-' || g)",
+        )
+        .await?,
+        100,
+        "new jobs",
+    )?;
+    ensure_eq(
+        probes().await? - before,
+        0,
+        "probes of new jobs for want of a summary",
+    )
+}
+
 /// `dedup.forget` works in a database that uses generations: it removes a claim from the
 /// generation that holds it (generation 0, a sealed one, the current one; text, bigint and
 /// uuid ids), writes its audit row with the claim's time, and the job is claimed again
