@@ -273,10 +273,11 @@ impl Held {
 }
 
 /// Take the writers' flag, or None if another writer kept it through a few million
-/// tries. A writer holds it only while it copies bits it has computed (no call that can
-/// raise an ERROR or wait runs under it), microseconds to a few milliseconds for the
-/// largest filter; a process killed under it takes the shared memory with it (the
-/// postmaster's crash restart makes it anew).
+/// tries. A writer holds it only while it copies bits it has computed or moves filters
+/// (no call that can raise an ERROR or wait runs under it): microseconds to a few
+/// milliseconds for the largest filter, and for a compaction the filters it moves (about
+/// 10 ms for 32 MB of them here); a process killed under it takes the shared memory with
+/// it (the postmaster's crash restart makes it anew).
 fn take(area: &Area) -> Option<Busy<'_>> {
     for i in 0..10_000_000u32 {
         if area
@@ -375,15 +376,16 @@ fn compaction(mut used: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
     moves
 }
 
-/// Move the filters in use down, each to the end of the one before it, so that the free
-/// blocks are one gap at the end (the writers' flag held). Filters of about the same size,
+/// Move the filters in use down, each to the end of the one before it, until a gap of
+/// `want` blocks is free (at the latest when the free blocks are one gap at the end; the
+/// writers' flag held). Filters of about the same size,
 /// freed oldest first, leave gaps each a little too small for the next one: at the
 /// benchmark flat out, 12.6 MB free in three gaps (6.1, 4.7 and 1.8 MB), none of which held a summary of 6.7 MB. A filter is
 /// moved as it is built: its number is odd while its bits are copied, so a claim that
 /// found it before believes none of its "absent" answers after (it probes instead, as for
 /// a generation without a summary), and one that finds it after reads the bits where they
 /// are then. The copy goes from the lowest block up, the destination below the source.
-fn compact(area: &Area) {
+fn compact(area: &Area, want: u64) {
     let used: Vec<(usize, u64, u64)> = area
         .slots
         .iter()
@@ -398,6 +400,11 @@ fn compact(area: &Area) {
         })
         .collect();
     for (i, from, to) in compaction(used) {
+        // Only as far as it takes: each move joins the gap below the filter with the one
+        // above it.
+        if gap(area, want).is_some() {
+            break;
+        }
         let slot = &area.slots[i];
         let blocks = slot.blocks.load(Ordering::Relaxed);
         slot.seq.fetch_add(1, Ordering::Relaxed);
@@ -474,9 +481,11 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         }
     }
     for (g, rel) in files {
-        if find(g.relid, g.n).is_none() {
+        // (Built, even if being moved by a compaction in another database's sync: not
+        // read again for that.)
+        if !built(area, db, g) {
             // Not read at every pass when it cannot fit: a table whose row count is known
-            // (VACUUM and ANALYZE set it) and needs more than any gap is left alone.
+            // (VACUUM and ANALYZE set it) and needs more than the free blocks is left alone.
             let estimate = (*(*rel).rd_rel).reltuples;
             if estimate > 0.0 && !room_for(area, blocks_for((estimate * 0.9) as u64)) {
                 done.push(format!(
@@ -492,6 +501,18 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
     done
+}
+
+/// Does a filter of generation `g` of database `db` exist, whatever its sequence number
+/// (a writer may be moving it)? An estimate: [`place_filter`] looks again under the
+/// writers' flag.
+fn built(area: &Area, db: u32, g: &Sealed) -> bool {
+    area.slots.iter().any(|s| {
+        s.blocks.load(Ordering::Relaxed) > 0
+            && s.db.load(Ordering::Relaxed) == db
+            && s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
+            && s.n.load(Ordering::Relaxed) == g.n as u32
+    })
 }
 
 /// The hashes of every key of `rel` a snapshot taken now sees.
@@ -596,7 +617,7 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
     };
     // Enough free blocks in gaps that are each too small: join them first.
     if gap(area, want).is_none() && free_blocks(area) >= want {
-        compact(area);
+        compact(area, want);
     }
     let Some(offset) = gap(area, want) else {
         return format!(

@@ -2371,12 +2371,14 @@ async fn summary_rows(c: &Conn) -> Result<Vec<(i32, bool, Option<i64>, Option<i6
 /// for the next summary though together they hold it (seen flat out: 12.6 MB free in three
 /// gaps, a summary of 6.7 MB not built for 25 s while every claim probed its generation).
 /// The summaries in use move down to join the gaps, and a moved summary still holds every
-/// key: here 10kB (160 blocks of 64 bytes), database `app`'s summary of 3,000 claims at
-/// blocks 0 to 58, database `other`'s at 59 to 117; `app` is dropped (the launcher frees
-/// its summary), and `other`'s generation 1, sealed with 4,000 claims, needs 79 blocks,
-/// more than either gap (59 and 42). It is summarised, every copy of a job of the moved
-/// summary's generation is a duplicate (one by one and in a batch), and new jobs probe no
-/// generation for want of a summary.
+/// key: here 10kB (160 blocks of 64 bytes), database `app`'s summary of 1,000 claims at
+/// blocks 0 to 19, database `other`'s of 3,000 other jobs at 20 to 78; `app` is dropped
+/// (the launcher frees its summary), and `other`'s generation 1, sealed with 4,500 claims,
+/// needs 88 blocks, more than either gap (20 and 81). It is summarised, `other`'s first
+/// summary having moved to blocks 0 to 58 (over its own old place, and over bits of `app`'s
+/// keys, which the move must overwrite): every copy of a job of that generation is a
+/// duplicate (one by one and in a batch), and new jobs probe no generation for want of a
+/// summary.
 pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> Result<()> {
     let opts = preloaded("gen-compact")
         .set("dedup.generation_memory", "10kB")
@@ -2388,18 +2390,24 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
         Ok(cluster)
     })
     .await??;
-    // Each database: 3,000 claims in dedup.processed, which becomes generation 0 and is
-    // sealed and summarised (59 blocks), app's first.
+    // Each database: claims in dedup.processed, which becomes generation 0 and is sealed
+    // and summarised, app's first (1,000 claims, 20 blocks; other: 3,000 other jobs, 59).
     let other = admin(&cluster.dsn("other")).await?;
-    for dsn in [cluster.dsn(DB), cluster.dsn("other")] {
+    for (dsn, prefix, claims, blocks) in [
+        (cluster.dsn(DB), "app-", 1000, 20),
+        (cluster.dsn("other"), "g0-", 3000, 59),
+    ] {
         let a = admin(&dsn).await?;
         ensure_eq(
             one::<i64>(
                 &a,
-                "SELECT count(*) FROM generate_series(1, 3000) g WHERE dedup.try_claim('g0-' || g)",
+                &format!(
+                    "SELECT count(*) FROM generate_series(1, {claims}) g \
+                      WHERE dedup.try_claim('{prefix}' || g)"
+                ),
             )
             .await?,
-            3000,
+            claims,
             "claims in generation 0",
         )?;
         use_generations(&a).await?;
@@ -2407,17 +2415,17 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
         rotate(&a).await?;
         ensure_eq(
             summary_rows(&a).await?,
-            vec![(0, true, Some(3000), Some(59 * 64))],
+            vec![(0, true, Some(claims), Some(blocks * 64))],
             &format!("the summary of generation 0 in {dsn}"),
         )?;
     }
     ensure_eq(
         one::<i64>(
             &other,
-            "SELECT count(*) FROM generate_series(1, 4000) g WHERE dedup.try_claim('g1-' || g)",
+            "SELECT count(*) FROM generate_series(1, 4500) g WHERE dedup.try_claim('g1-' || g)",
         )
         .await?,
-        4000,
+        4500,
         "claims in generation 1 of other",
     )?;
     other
@@ -2431,7 +2439,7 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
     let mut said = Vec::new();
     let want = vec![
         (0, true, Some(3000), Some(59 * 64)),
-        (1, true, Some(4000), Some(79 * 64)),
+        (1, true, Some(4500), Some(88 * 64)),
     ];
     loop {
         said.push(rotate(&other).await?);
