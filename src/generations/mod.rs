@@ -460,7 +460,8 @@ pub(crate) unsafe fn probe(other: &Other, job_id: pg_sys::Datum, scope: pg_sys::
     pg_sys::index_endscan(scan);
     pg_sys::ExecClearTuple(other.slot);
     // A sealed generation is probed for want of a summary, or where its summary said
-    // "maybe" (a claim looks only then): finding nothing there, the "maybe" was wrong.
+    // "maybe" (a claim looks only then): finding nothing there, the "maybe" was wrong, or
+    // the summary could no longer answer (moved or freed since the claim found it).
     if other.sealed {
         match (&other.summary, &found) {
             (None, _) => {

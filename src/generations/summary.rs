@@ -25,14 +25,16 @@
 //!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
 //! `dedup.rotate_generations`): it frees the filters of its database's generations that are
-//! no longer sealed (retired, dropped) and builds the missing ones; the worker frees those
+//! no longer sealed (retired, dropped) and builds the missing ones (when no gap fits a new
+//! one but the free blocks would, it first moves the filters in use, of any database, down
+//! to join them: [`compact`]); the worker frees those
 //! of a database that no longer uses generations, and the launcher those of a dropped
 //! database. A filter is known by (database, table OID, generation number): a table
 //! dropped and an OID used again by a later generation of the same number in the same
 //! database would need the generation numbers to go back, which only a restore into the
 //! database's own OID could make, after the worker or the launcher had freed the old one.
 //! Writers take [`Area::busy`] with a compare-and-swap, spinning, and hold it only while they
-//! copy bits already computed: no call that can raise an ERROR runs under it. A filter being
+//! copy bits already computed or move filters: no call that can raise an ERROR runs under it. A filter being
 //! written has an odd `seq` (a seqlock; the writer fences after making it odd): a reader notes the even `seq` it matched, reads the
 //! bits with no lock, and trusts an "absent" only if `seq` is unchanged after the read, so a
 //! filter freed and rebuilt for another generation under a reader is never believed. A
@@ -275,8 +277,8 @@ impl Held {
 /// Take the writers' flag, or None if another writer kept it through a few million
 /// tries. A writer holds it only while it copies bits it has computed or moves filters
 /// (no call that can raise an ERROR or wait runs under it): microseconds to a few
-/// milliseconds for the largest filter, and for a compaction the filters it moves (about
-/// 10 ms for 32 MB of them here); a process killed under it takes the shared memory with
+/// milliseconds for the largest filter, and for a compaction the copy of the filters it
+/// moves (at most `dedup.generation_memory`; not timed); a process killed under it takes the shared memory with
 /// it (the postmaster's crash restart makes it anew).
 fn take(area: &Area) -> Option<Busy<'_>> {
     for i in 0..10_000_000u32 {
