@@ -468,8 +468,8 @@ unsafe fn insert_claims_from(
     // generations (perf at 1a05820: 8% of a batch's time in those loads).
     // (The summaries in play: those of the generations not opened yet, and of those a
     // key's "maybe" opened, which stay open for the call's later keys, each looked up
-    // again after the insert: with a 1% false-positive rate a batch of a thousand keys
-    // opens every summarised generation within its first hundred or so.)
+    // again after the insert: even at a 0.1% false-positive rate a batch of ten thousand
+    // keys opens every summarised generation within its first thousand or so.)
     const AHEAD: usize = 8;
     let hashes: Vec<u64> = if hashed && batch {
         keys[start..]

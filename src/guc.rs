@@ -229,10 +229,10 @@ fn define_generation_memory() {
     GucRegistry::define_int_guc(
         c"dedup.generation_memory",
         c"Shared memory for the summaries of sealed generations, which spare a new claim the index probe of each sealed generation (0: off).",
-        c"A Bloom filter of 10 bits per claim (a false-positive rate of about 1%) for each sealed \
-          generation of a database that uses generations. Size it at 1.25 bytes per claim in the \
-          sealed generations. A generation that does not fit is probed in its index. Needs \
-          shared_preload_libraries = 'dedup'.",
+        c"A Bloom filter of 16 bits per claim (a false-positive rate of about 0.1%) for each \
+          sealed generation of a database that uses generations, or of what is left down to 6 \
+          bits (about 9%). Size it at 2 bytes per claim in the sealed generations. A generation \
+          that does not fit is probed in its index. Needs shared_preload_libraries = 'dedup'.",
         &GENERATION_MEMORY,
         0,
         1024 * 1024,

@@ -17,7 +17,9 @@
 //! **The memory.** `dedup.generation_memory` (postmaster; 0: none) of blocks shared by at
 //! most [`SLOTS`] filters, plus their headers, asked for next to the epochs (so only with
 //! `shared_preload_libraries = 'dedup'`). A filter is sized at [`BITS_PER_KEY`] bits per key
-//! (a false-positive rate of about 1%) and placed at the first gap that fits (when none
+//! (a false-positive rate of about 0.1%) when the free blocks allow, else at what they
+//! allow down to [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12), and placed
+//! at the first gap that fits (when none
 //! does but the free blocks together would, the filters in use are first moved down to
 //! join them: [`compact`]); it is one range of 64-byte blocks, one cache line read per
 //! look-up (the layout and hash steps of `src/expired`). A generation that does not fit
@@ -47,8 +49,14 @@ use std::sync::atomic::{fence, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 /// Filters at most: a few databases' sealed generations (a series has at most 4 sealed).
 pub const SLOTS: usize = 32;
-/// Bits per key a filter is sized at: a false-positive rate of about 1%.
-pub const BITS_PER_KEY: u64 = 10;
+/// Bits per key a filter is sized at when the memory has room: a false-positive rate of
+/// about 0.1% (at 10 bits, about 1%, the four summaries of a series at its flat-out
+/// benchmark made 4% of all claims probe an index for nothing).
+pub const BITS_PER_KEY: u64 = 16;
+/// Bits per key a filter is sized at least, when the memory has less room than
+/// [`BITS_PER_KEY`] takes: about 9%. Below it the generation waits, unsummarised, for
+/// room (a summary dropped with its generation frees its blocks at the next pass).
+pub const MIN_BITS_PER_KEY: u64 = 6;
 const BLOCK_WORDS: usize = 8;
 const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
 
@@ -209,7 +217,7 @@ pub(crate) struct Held {
 pub(crate) const UNSUMMARISED: &str =
     "until it is summarised or dropped, every new claim probes its index (counted in \
      unsummarised_probes of dedup.stats; raise dedup.generation_memory, which needs a \
-     restart: about 1.25 bytes per sealed claim)";
+     restart: about 2 bytes per sealed claim)";
 
 /// The filter of generation `n`, table `relid`, of this database, if it is built. A table
 /// rewritten since (VACUUM FULL, CLUSTER) holds the same rows or fewer: its filter still
@@ -422,11 +430,9 @@ fn compact(area: &Area, want: u64) {
     }
 }
 
-/// The blocks a filter of `keys` keys is sized at.
-pub fn blocks_for(keys: u64) -> u64 {
-    (keys * BITS_PER_KEY)
-        .div_ceil(BLOCK_BYTES as u64 * 8)
-        .max(1)
+/// The blocks a filter of `keys` keys at `bits` bits per key takes.
+pub fn blocks_for(keys: u64, bits: u64) -> u64 {
+    (keys * bits).div_ceil(BLOCK_BYTES as u64 * 8).max(1)
 }
 
 /// One sealed generation to summarise: its number and table.
@@ -489,7 +495,9 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
             // Not read at every pass when it cannot fit: a table whose row count is known
             // (VACUUM and ANALYZE set it) and needs more than the free blocks is left alone.
             let estimate = (*(*rel).rd_rel).reltuples;
-            if estimate > 0.0 && !room_for(area, blocks_for((estimate * 0.9) as u64)) {
+            if estimate > 0.0
+                && !room_for(area, blocks_for((estimate * 0.9) as u64, MIN_BITS_PER_KEY))
+            {
                 done.push(format!(
                     "did not summarise generation {} (about {estimate:.0} claims): no free \
                      summary, or no room in dedup.generation_memory; {UNSUMMARISED}",
@@ -606,7 +614,11 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
             g.n
         );
     }
-    let want = blocks_for(hashes.len() as u64);
+    // All it takes at BITS_PER_KEY, else all the free blocks if they hold it at
+    // MIN_BITS_PER_KEY: the next seal gets what this one's generation frees when dropped.
+    let keys = hashes.len() as u64;
+    let least = blocks_for(keys, MIN_BITS_PER_KEY);
+    let want = blocks_for(keys, BITS_PER_KEY).min(free_blocks(area).max(least));
     let Some(slot) = area
         .slots
         .iter()
@@ -624,7 +636,7 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
     let Some(offset) = gap(area, want) else {
         return format!(
             "did not summarise generation {} ({} claims): dedup.generation_memory has no room \
-             for {} kB more; {UNSUMMARISED}",
+             for {} kB more (its summary at {MIN_BITS_PER_KEY} bits a claim); {UNSUMMARISED}",
             g.n,
             hashes.len(),
             (want * BLOCK_BYTES as u64).div_ceil(1024)
@@ -654,11 +666,21 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
     slot.built_at
         .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
     slot.seq.fetch_add(1, Ordering::Release);
+    let fewer = if want < blocks_for(keys, BITS_PER_KEY) {
+        format!(
+            " (at {:.1} bits a claim, a false-positive rate of {:.1}%: dedup.generation_memory \
+             had no room for more)",
+            (want * BLOCK_BYTES as u64 * 8) as f64 / keys as f64,
+            100.0 * crate::expired::false_positive_rate(keys, want)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "summarised generation {}: {} claim{} in {} kB",
+        "summarised generation {}: {} claim{} in {} kB{fewer}",
         g.n,
-        hashes.len(),
-        if hashes.len() == 1 { "" } else { "s" },
+        keys,
+        if keys == 1 { "" } else { "s" },
         (want * BLOCK_BYTES as u64).div_ceil(1024)
     )
 }
@@ -753,12 +775,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_filter_is_sized_at_about_one_percent() {
+    fn a_filter_is_sized_at_about_a_tenth_of_a_percent_or_at_least_nine() {
         for keys in [1_000u64, 100_000, 5_000_000] {
-            let fpr = crate::expired::false_positive_rate(keys, blocks_for(keys));
-            assert!(fpr > 0.005 && fpr < 0.015, "{keys} keys: {fpr}");
+            let fpr = crate::expired::false_positive_rate(keys, blocks_for(keys, BITS_PER_KEY));
+            assert!(fpr > 0.0005 && fpr < 0.0015, "{keys} keys: {fpr}");
+            let fpr = crate::expired::false_positive_rate(keys, blocks_for(keys, MIN_BITS_PER_KEY));
+            assert!(fpr > 0.08 && fpr < 0.10, "{keys} keys at the least: {fpr}");
         }
-        assert_eq!(blocks_for(0), 1);
+        assert_eq!(blocks_for(0, BITS_PER_KEY), 1);
     }
 
     #[test]
