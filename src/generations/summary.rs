@@ -17,8 +17,9 @@
 //! **The memory.** `dedup.generation_memory` (postmaster; 0: none) of blocks shared by at
 //! most [`SLOTS`] filters, plus their headers, asked for next to the epochs (so only with
 //! `shared_preload_libraries = 'dedup'`). A filter is sized at [`BITS_PER_KEY`] bits per key
-//! (a false-positive rate of about 0.1%) when the free blocks allow, else at what they
-//! allow down to [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12), and placed
+//! (a false-positive rate of about 0.1%) when that is at most an even share of the memory
+//! among the filters in use and those waiting to be built, else at the share, never below
+//! [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12) ([`sizing`]), and placed
 //! at the first gap that fits (when none
 //! does but the free blocks together would, the filters in use are first moved down to
 //! join them: [`compact`]); it is one range of 64-byte blocks, one cache line read per
@@ -57,6 +58,24 @@ pub const BITS_PER_KEY: u64 = 16;
 /// [`BITS_PER_KEY`] takes: about 9%. Below it the generation waits, unsummarised, for
 /// room (a summary dropped with its generation frees its blocks at the next pass).
 pub const MIN_BITS_PER_KEY: u64 = 6;
+
+/// The blocks a new filter of `keys` keys gets, in an area of `total` blocks shared by
+/// `sharing` filters (those in use and those waiting to be built, this one included) with
+/// `free` blocks free: all it takes at [`BITS_PER_KEY`] if that is no more than an even
+/// share, else the share, never less than [`MIN_BITS_PER_KEY`] takes; all the free blocks
+/// when fewer are free than that but they hold the least. An even share, not all that is
+/// free: a filter that took every free block left the next generation sealed without
+/// room for one until the first was dropped with its generation, and the next one took
+/// that room again (one of four generations flat out never summarised at `1cc7687`).
+fn sizing(keys: u64, total: u64, sharing: u64, free: u64) -> u64 {
+    let least = blocks_for(keys, MIN_BITS_PER_KEY);
+    let want = blocks_for(keys, BITS_PER_KEY).min((total / sharing.max(1)).max(least));
+    if want > free && free >= least {
+        free
+    } else {
+        want
+    }
+}
 const BLOCK_WORDS: usize = 8;
 const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
 
@@ -488,12 +507,16 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
             }
         }
     }
+    // This database's sealed generations without a filter, which share the memory with
+    // the filters in use (`sizing`); fewer as they are built.
+    // (Built, even if being moved by a compaction in another database's sync: not read
+    // again for that.)
+    let mut waiting = files.iter().filter(|(g, _)| !built(area, db, g)).count() as u64;
     for (g, rel) in files {
-        // (Built, even if being moved by a compaction in another database's sync: not
-        // read again for that.)
         if !built(area, db, g) {
             // Not read at every pass when it cannot fit: a table whose row count is known
-            // (VACUUM and ANALYZE set it) and needs more than the free blocks is left alone.
+            // (VACUUM and ANALYZE set it) and needs more than the free blocks even at
+            // MIN_BITS_PER_KEY is left alone.
             let estimate = (*(*rel).rd_rel).reltuples;
             if estimate > 0.0
                 && !room_for(area, blocks_for((estimate * 0.9) as u64, MIN_BITS_PER_KEY))
@@ -505,8 +528,9 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
                 ));
             } else {
                 let hashes = keys_of(rel);
-                done.push(place_filter(area, db, g, &hashes));
+                done.push(place_filter(area, db, g, &hashes, waiting));
             }
+            waiting -= 1;
         }
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
@@ -598,9 +622,10 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (
 /// Claims passed to `src/expired` at a time.
 const PASS_BATCH: usize = 10_000;
 
-/// Place a filter of `hashes` for generation `g` in a free slot and a gap of the bits; what
-/// was done.
-fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
+/// Place a filter of `hashes` for generation `g` in a free slot and a gap of the bits, sized
+/// by [`sizing`] with `waiting` generations of this database still to build (`g`
+/// included); what was done.
+fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) -> String {
     let Some(_busy) = take(area) else {
         return format!(
             "did not summarise generation {}: another process was changing the summaries",
@@ -614,11 +639,13 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
             g.n
         );
     }
-    // All it takes at BITS_PER_KEY, else all the free blocks if they hold it at
-    // MIN_BITS_PER_KEY: the next seal gets what this one's generation frees when dropped.
     let keys = hashes.len() as u64;
-    let least = blocks_for(keys, MIN_BITS_PER_KEY);
-    let want = blocks_for(keys, BITS_PER_KEY).min(free_blocks(area).max(least));
+    let in_use = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .count() as u64;
+    let want = sizing(keys, area.blocks, in_use + waiting, free_blocks(area));
     let Some(slot) = area
         .slots
         .iter()
@@ -639,7 +666,7 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
              for {} kB more (its summary at {MIN_BITS_PER_KEY} bits a claim); {UNSUMMARISED}",
             g.n,
             hashes.len(),
-            (want * BLOCK_BYTES as u64).div_ceil(1024)
+            (blocks_for(keys, MIN_BITS_PER_KEY) * BLOCK_BYTES as u64).div_ceil(1024)
         );
     };
     slot.seq.fetch_add(1, Ordering::Relaxed);
@@ -669,9 +696,10 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64]) -> String {
     let fewer = if want < blocks_for(keys, BITS_PER_KEY) {
         format!(
             " (at {:.1} bits a claim, a false-positive rate of {:.1}%: dedup.generation_memory \
-             had no room for more)",
+             shared by {} summaries)",
             (want * BLOCK_BYTES as u64 * 8) as f64 / keys as f64,
-            100.0 * crate::expired::false_positive_rate(keys, want)
+            100.0 * crate::expired::false_positive_rate(keys, want),
+            in_use + waiting
         )
     } else {
         String::new()
@@ -783,6 +811,27 @@ mod tests {
             assert!(fpr > 0.08 && fpr < 0.10, "{keys} keys at the least: {fpr}");
         }
         assert_eq!(blocks_for(0, BITS_PER_KEY), 1);
+    }
+
+    #[test]
+    fn a_filter_gets_an_even_share_never_less_than_the_least() {
+        let (full, least) = (
+            blocks_for(6000, BITS_PER_KEY),
+            blocks_for(6000, MIN_BITS_PER_KEY),
+        );
+        assert_eq!((full, least), (188, 71));
+        // Room for all it takes.
+        assert_eq!(sizing(6000, 1000, 2, 1000), 188);
+        // An even share of 400 among 4: 100, though 400 are free.
+        assert_eq!(sizing(6000, 400, 4, 400), 100);
+        // A share below the least: the least.
+        assert_eq!(sizing(6000, 400, 8, 400), 71);
+        // Fewer free than the share but at least the least: all that is free.
+        assert_eq!(sizing(6000, 400, 4, 80), 80);
+        // Fewer free than the least: the share, more than is free, which place_filter
+        // then finds no room for.
+        assert_eq!(sizing(6000, 400, 4, 70), 100);
+        assert_eq!(sizing(0, 400, 0, 400), 1);
     }
 
     #[test]

@@ -2378,11 +2378,13 @@ async fn summary_rows(c: &Conn) -> Result<Vec<(i32, bool, Option<i64>, Option<i6
 /// gaps, a summary of 6.7 MB not built for 25 s while every claim probed its generation).
 /// The summaries in use move down to join the gaps, and a moved summary still holds every
 /// key: here 10kB (160 blocks of 64 bytes), database `app`'s summary of 1,000 claims at
-/// blocks 0 to 19, database `other`'s of 3,000 other jobs at 20 to 78; `app` is dropped
-/// (the launcher frees its summary), and `other`'s generation 1, sealed with 4,500 claims,
-/// needs 88 blocks, more than either gap (20 and 81). It is summarised, `other`'s first
-/// summary having moved to blocks 0 to 58 (over its own old place, and over bits of `app`'s
-/// keys, which the move must overwrite): every copy of a job of that generation is a
+/// blocks 0 to 31 (16 bits a claim), database `other`'s of 3,000 other jobs at 32 to 111
+/// (80 blocks: an even share of the 160 between two summaries, less than the 94 of 16
+/// bits); `app` is dropped (the launcher frees its summary), and `other`'s generation 1,
+/// sealed with 4,500 claims, is given 80 blocks (its share; 141 at 16 bits, 53 at least),
+/// more than either gap (32 and 48). It is summarised, `other`'s first summary having moved
+/// to blocks 0 to 79 (over its own old place, and over bits of `app`'s keys, which the
+/// move must overwrite): every copy of a job of that generation is a
 /// duplicate (one by one and in a batch), and new jobs probe no generation for want of a
 /// summary.
 pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> Result<()> {
@@ -2397,12 +2399,12 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
     })
     .await??;
     // Each database: claims in dedup.processed, which becomes generation 0 and is sealed
-    // and summarised at 16 bits a claim, app's first (1,000 claims, 32 blocks; other: 3,000
-    // other jobs, 94, to 126 of 160).
+    // and summarised, app's first (1,000 claims, 32 blocks at 16 bits; other: 3,000 other
+    // jobs, 80 blocks, its share of the 160 beside app's).
     let other = admin(&cluster.dsn("other")).await?;
     for (dsn, prefix, claims, blocks) in [
         (cluster.dsn(DB), "app-", 1000, 32),
-        (cluster.dsn("other"), "g0-", 3000, 94),
+        (cluster.dsn("other"), "g0-", 3000, 80),
     ] {
         let a = admin(&dsn).await?;
         ensure_eq(
@@ -2441,14 +2443,14 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
     publish(&other).await?;
     settle(&other).await?;
     // The launcher frees app's summary within a pass or two (1 s each); the rotation then
-    // places generation 1's: 141 blocks at 16 bits a claim, and the least, 53 (6 bits), is
-    // more than either gap (32 and 34 blocks) but not than the two together, all of which
-    // it takes once the compaction has joined them.
+    // places generation 1's: its share, 80 blocks (141 at 16 bits a claim, 53 at the least),
+    // more than either gap (32 and 48 blocks) but not than the two together, which the
+    // compaction joins.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut said = Vec::new();
     let want = vec![
-        (0, true, Some(3000), Some(94 * 64)),
-        (1, true, Some(4500), Some(66 * 64)),
+        (0, true, Some(3000), Some(80 * 64)),
+        (1, true, Some(4500), Some(80 * 64)),
     ];
     loop {
         said.push(rotate(&other).await?);
@@ -2458,7 +2460,7 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
         }
         if Instant::now() > deadline {
             bail!(
-                "generation 1 of other not summarised in 20 s with 66 of 160 blocks free: \
+                "generation 1 of other not summarised in 20 s with 80 of 160 blocks free: \
                  {got:?}; the last steps said {:?}",
                 &said[said.len().saturating_sub(5)..]
             );
@@ -2466,7 +2468,7 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     // Built by the rotation or the worker, it says how much less than 16 bits it had.
-    let line = "summarised generation 1: 4500 claims in 5 kB (at 7.5 bits a claim";
+    let line = "summarised generation 1: 4500 claims in 5 kB (at 9.1 bits a claim";
     if !said.iter().any(|s| s.contains(line)) && !cluster.log_text().contains(line) {
         bail!("no \"{line}\" in what the rotations said ({said:?}) or in the log");
     }
