@@ -139,6 +139,12 @@ fi
 protocol "protocol, epoch and deleter" "-DSAFETY" "" -DEPOCH -DDELETER
 protocol "protocol, epoch and deleter, aborts at any step, 2 claimers" "-DSAFETY" "" \
     -DEPOCH -DDELETER -DKILL -DNC=2
+# Two series' current generations, a scope moved between them at any time (a retention
+# changed), with a deleter; its progress; one abort at any step.
+protocol "two series and deleter" "-DSAFETY" "" -DSERIES -DDELETER
+protocol "two series and deleter, progress" "-DNP" "-l" -DSERIES -DDELETER
+protocol "two series and deleter, one abort at any step" "-DSAFETY" "" \
+    -DSERIES -DDELETER -DKILL -DKILL_ONE
 
 # The mutations. -E (ignore invalid end states) when the error must be an assertion
 # violation, -A (ignore assertions) when it must be an invalid end state, so that pan's
@@ -157,6 +163,7 @@ mutation ONE_INCREMENT 'invalid end state' "-DSAFETY" "-A" -DEPOCH -DDELETER -DO
 mutation NO_INCREMENT_BEFORE 'assertion violated .*wins' "-DSAFETY" "-E" \
     -DEPOCH -DDELETER -DNO_INCREMENT_BEFORE
 mutation SKIP_UNCHECKED 'assertion violated .*wins' "-DSAFETY" "-E" -DEPOCH -DSKIP_UNCHECKED
+mutation OWN_SERIES_ONLY 'assertion violated .*wins' "-DSAFETY" "-E" -DSERIES -DOWN_SERIES_ONLY
 mutation NO_WAIT_DELETER 'assertion violated .*wins' "-DSAFETY" "-E" \
     -DEPOCH -DDELETER -DNO_WAIT_DELETER
 

@@ -148,6 +148,17 @@
  *     lock earlier: that only delays the seal and is not modelled.
  *   - Registration on N is not tracked: nothing waits on it (there is no later rotation).
  *
+ * TWO SERIES (-DSERIES; not with -DEPOCH): O and N are the current generations of two
+ * series (two retentions), O opened before N, so O is "older" in the order that decides
+ * who gives way, and both are in every claimer's list from the start. A claimer's scope
+ * belongs to either series, and a retention changed at any time moves it from one to the
+ * other (the worker's publication of the new mapping moves the epoch, which the claimer
+ * reads as above): so step 1 picks O or N anew at each (re)start, and a claimer may move
+ * to the *older* generation, which no publication does. There is no rotator (neither
+ * generation is sealed while it is current: the seal of either is the one-series protocol
+ * above). Step 4 cross-checks the other series' generation as it does the other
+ * generation of one series.
+ *
  * MUTATIONS (each must fail; scripts/model.sh checks that pan finds the error named)
  *
  *   -DNO_RECHECK (assertion violated: insertion into O after sealed): step 1 does not read
@@ -208,6 +219,11 @@
  *     sealed O also for a claimer that did not look there in step 2b (a batch's key).
  *     A commits its row in O; the rotator publishes and seals; B loads {O, N} with O
  *     sealed, skips 2b, inserts into N, skips 4 and confirms.
+ *   -DOWN_SERIES_ONLY (with -DSERIES; assertion violated: wins <= 1): step 4 looks only
+ *     in the claimer's own series, as a claim narrowed to the series its scope is mapped
+ *     to now would. A, its scope mapped to O's series, inserts into O and confirms; the
+ *     scope moves to N's series; B inserts into N, does not look in O, confirms. Both
+ *     commit: the series a scope used before stays in its claims' cross-check.
  *   -DNO_WAIT_DELETER (with -DDELETER; assertion violated: wins <= 1): a claimer treats
  *     a row being deleted as gone (step 2: goes on to insert; step 4: confirms). A
  *     commits its row in O; the deleter starts deleting it; B, in N, cross-checks O, finds
@@ -217,6 +233,9 @@
 
 #ifndef NC
 #define NC 3
+#endif
+#if defined(SERIES) && defined(EPOCH)
+#error "SERIES models two series' current generations without a publication: not with EPOCH"
 #endif
 
 #define O 0
@@ -357,6 +376,20 @@ restart:
     fi;
 #endif
 #else
+#ifdef SERIES
+    /* 1: the current generation of the series the claimer's scope is mapped to now: O's
+     * series or N's, either at each (re)start; register on it */
+    if
+    :: g = O
+    :: g = N
+    fi;
+    atomic {
+        if
+        :: g == O -> regO = regO | B(me)
+        :: else
+        fi
+    }
+#else
     /* 1: read current, register on it (take the lock), read current again */
     g = current;
     atomic {
@@ -372,6 +405,7 @@ restart:
         :: else
         fi
     }
+#endif
 #endif
 #endif
 
@@ -484,6 +518,9 @@ precheck:
 #endif
     :: else
     fi;
+#endif
+#ifdef OWN_SERIES_ONLY
+    goto confirm;   /* the mutation: the other series' generation is not looked in */
 #endif
 xcheck:
     /* 4: cross-check the other generation */
@@ -673,7 +710,9 @@ init {
 #endif
             run Claimer(i)
         }
+#ifndef SERIES
         run Rotator();
+#endif
 #ifdef DELETER
         run Deleter();
 #endif
