@@ -188,6 +188,7 @@ fn forget_dropped_databases() {
     let mut counted = stats::counted_databases();
     counted.extend(crate::expired::databases());
     counted.extend(crate::generations::epoch::databases());
+    counted.extend(crate::generations::summary::databases());
     counted.sort_unstable_by_key(|db| u32::from(*db));
     counted.dedup();
     if counted.is_empty() {

@@ -10,38 +10,38 @@
 //! every row a snapshot taken after the seal wait sees holds every key the generation will
 //! ever hold: "not in the filter" means "not in the generation", and the probe it saves
 //! would have found nothing. A row deleted later stays in the filter, which then says
-//! "maybe" for it: one probe, not a wrong answer. A generation with no filter (not built yet,
-//! no room, after a restart or a promotion until the worker builds it) is probed: slower,
-//! never wrong.
+//! "maybe" for it: one probe, not a wrong answer. A generation with no filter (not built
+//! yet, no room, after a restart or a promotion until the worker builds it) is probed:
+//! slower, never wrong.
 //!
 //! **The memory.** `dedup.generation_memory` (postmaster; 0: none) of blocks shared by at
 //! most [`SLOTS`] filters, plus their headers, asked for next to the epochs (so only with
 //! `shared_preload_libraries = 'dedup'`). A filter is sized at [`BITS_PER_KEY`] bits per key
 //! (a false-positive rate of about 0.1%) when that is at most an even share of the memory
 //! among the filters in use and those waiting to be built, else at the share, never below
-//! [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12) ([`sizing`]), and placed
-//! at the first gap that fits (when none
-//! does but the free blocks together would, the filters in use are first moved down to
-//! join them: [`compact`]); it is one range of 64-byte blocks, one cache line read per
-//! look-up (the layout and hash steps of `src/expired`). A generation that does not fit
-//! gets no filter.
+//! [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12) ([`sizing`]), and placed at
+//! the first gap that fits (when none does but the free blocks together would, the filters
+//! in use are first moved down to join them: [`compact`]); it is one range of 64-byte
+//! blocks, one cache line read per look-up (the layout and hash steps of `src/expired`). A
+//! generation that does not fit gets no filter.
 //!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
 //! `dedup.rotate_generations`): it frees the filters of its database's generations that are
 //! no longer sealed (retired, dropped) and builds the missing ones (when no gap fits a new
 //! one but the free blocks would, it first moves the filters in use, of any database, down
-//! to join them: [`compact`]); the worker frees those
-//! of a database that no longer uses generations, and the launcher those of a dropped
-//! database. A filter is known by (database, table OID, generation number): a table
-//! dropped and an OID used again by a later generation of the same number in the same
-//! database would need the generation numbers to go back, which only a restore into the
-//! database's own OID could make, after the worker or the launcher had freed the old one.
-//! Writers take [`Area::busy`] with a compare-and-swap, spinning, and hold it only while they
-//! copy bits already computed or move filters: no call that can raise an ERROR runs under it. A filter being
-//! written has an odd `seq` (a seqlock; the writer fences after making it odd): a reader notes the even `seq` it matched, reads the
-//! bits with no lock, and trusts an "absent" only if `seq` is unchanged after the read, so a
-//! filter freed and rebuilt for another generation under a reader is never believed. A
-//! crash restart makes the memory anew: every filter is gone and is rebuilt by the worker.
+//! to join them: [`compact`]); the worker frees those of a database that no longer uses
+//! generations, and the launcher those of a dropped database. A filter is known by
+//! (database, table OID, generation number): a table dropped and an OID used again by a
+//! later generation of the same number in the same database would need the generation
+//! numbers to go back, which only a restore into the database's own OID could make, after
+//! the worker or the launcher had freed the old one. Writers take [`Area::busy`] with a
+//! compare-and-swap, spinning, and hold it only while they copy bits already computed or
+//! move filters: no call that can raise an ERROR runs under it. A filter being written has
+//! an odd `seq` (a seqlock; the writer fences after making it odd): a reader notes the even
+//! `seq` it matched, reads the bits with no lock, and trusts an "absent" only if `seq` is
+//! unchanged after the read, so a filter freed and rebuilt for another generation under a
+//! reader is never believed. A crash restart makes the memory anew: every filter is gone and
+//! is rebuilt by the worker.
 use crate::guc;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys;
@@ -59,23 +59,32 @@ pub const BITS_PER_KEY: u64 = 16;
 /// room (a summary dropped with its generation frees its blocks at the next pass).
 pub const MIN_BITS_PER_KEY: u64 = 6;
 
+/// The summaries the memory is shared by at least: a series' sealed generations (at most
+/// four not yet expired), so that the first ones of a series do not take the room of those
+/// sealed after them.
+pub const SHARED_BY_AT_LEAST: u64 = 4;
+
 /// The blocks a new filter of `keys` keys gets, in an area of `total` blocks shared by
-/// `sharing` filters (those in use and those waiting to be built, this one included) with
-/// `free` blocks free: all it takes at [`BITS_PER_KEY`] if that is no more than an even
-/// share, else the share, never less than [`MIN_BITS_PER_KEY`] takes; all the free blocks
-/// when fewer are free than that but they hold the least. An even share, not all that is
-/// free: a filter that took every free block left the next generation sealed without
-/// room for one until the first was dropped with its generation, and the next one took
-/// that room again (one of four generations flat out never summarised at `1cc7687`).
+/// `sharing` filters (those in use and those waiting to be built, this one included; at
+/// least [`SHARED_BY_AT_LEAST`]) with `free` blocks free: all it takes at [`BITS_PER_KEY`]
+/// if that is no more than an even share, else the share, never less than
+/// [`MIN_BITS_PER_KEY`] takes; all the free blocks when fewer are free than that but they
+/// hold the least. Flat out with 32 MB and generations of about 6 million claims (12 MB at
+/// 16 bits): when a filter took all that was free (`1cc7687`), or an even share among the
+/// filters there were (`9899298`), the first ones took 12 MB each, and the fourth
+/// generation sealed found too little room and waited 30 s, unsummarised, for the first to
+/// be dropped (3.3 million probes).
 fn sizing(keys: u64, total: u64, sharing: u64, free: u64) -> u64 {
     let least = blocks_for(keys, MIN_BITS_PER_KEY);
-    let want = blocks_for(keys, BITS_PER_KEY).min((total / sharing.max(1)).max(least));
+    let share = total / sharing.max(SHARED_BY_AT_LEAST);
+    let want = blocks_for(keys, BITS_PER_KEY).min(share.max(least));
     if want > free && free >= least {
         free
     } else {
         want
     }
 }
+
 const BLOCK_WORDS: usize = 8;
 const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
 
@@ -301,12 +310,12 @@ impl Held {
     }
 }
 
-/// Take the writers' flag, or None if another writer kept it through a few million
-/// tries. A writer holds it only while it copies bits it has computed or moves filters
-/// (no call that can raise an ERROR or wait runs under it): microseconds to a few
-/// milliseconds for the largest filter, and for a compaction the copy of the filters it
-/// moves (at most `dedup.generation_memory`; not timed); a process killed under it takes the shared memory with
-/// it (the postmaster's crash restart makes it anew).
+/// Take the writers' flag, or None if another writer kept it through a few million tries. A
+/// writer holds it only while it copies bits it has computed or moves filters (no call that
+/// can raise an ERROR or wait runs under it): microseconds to a few milliseconds for the
+/// largest filter, and for a compaction the copy of the filters it moves (at most
+/// `dedup.generation_memory`; not timed); a process killed under it takes the shared memory
+/// with it (the postmaster's crash restart makes it anew).
 fn take(area: &Area) -> Option<Busy<'_>> {
     for i in 0..10_000_000u32 {
         if area
@@ -405,16 +414,17 @@ fn compaction(mut used: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
     moves
 }
 
-/// Move the filters in use down, each to the end of the one before it, until a gap of
-/// `want` blocks is free (at the latest when the free blocks are one gap at the end; the
-/// writers' flag held). Filters of about the same size,
-/// freed oldest first, leave gaps each a little too small for the next one: at the
-/// benchmark flat out, 12.6 MB free in three gaps (6.1, 4.7 and 1.8 MB), none of which held a summary of 6.7 MB. A filter is
-/// moved as it is built: its number is odd while its bits are copied, so a claim that
-/// found it before believes none of its "absent" answers after (it probes instead, as for
-/// a generation without a summary), and one that finds it after reads the bits where they
-/// are then. The copy goes from the lowest block up, the destination below the source.
-fn compact(area: &Area, want: u64) {
+/// Move the filters in use down, each to the end of the one before it, until a gap of `want`
+/// blocks is free (at the latest when the free blocks are one gap at the end; the writers'
+/// flag held). Filters of about the same size, freed oldest first, leave gaps each a little
+/// too small for the next one: at the benchmark flat out, 12.6 MB free in three gaps (6.1,
+/// 4.7 and 1.8 MB), none of which held a summary of 6.7 MB. A filter is moved as it is
+/// built: its number is odd while its bits are copied, so a claim that found it before
+/// believes none of its "absent" answers after (it probes instead, as for a generation
+/// without a summary), and one that finds it after reads the bits where they are then. The
+/// copy goes from the lowest block up, the destination below the source. The filters it
+/// moved and their blocks.
+fn compact(area: &Area, want: u64) -> (usize, u64) {
     let used: Vec<(usize, u64, u64)> = area
         .slots
         .iter()
@@ -428,6 +438,7 @@ fn compact(area: &Area, want: u64) {
             )
         })
         .collect();
+    let mut moved = (0, 0);
     for (i, from, to) in compaction(used) {
         // Only as far as it takes: each move joins the gap below the filter with the one
         // above it.
@@ -446,7 +457,9 @@ fn compact(area: &Area, want: u64) {
         }
         slot.offset.store(to, Ordering::Relaxed);
         slot.seq.fetch_add(1, Ordering::Release);
+        moved = (moved.0 + 1, moved.1 + blocks);
     }
+    moved
 }
 
 /// The blocks a filter of `keys` keys at `bits` bits per key takes.
@@ -461,12 +474,13 @@ pub(crate) struct Sealed {
 }
 
 /// Bring this database's filters in line with its sealed generations: free the filters of
-/// generations that are no longer sealed (retired, dropped), and build those missing. What it did, one line each (nothing: an empty list).
+/// generations that are no longer sealed (retired, dropped), and build those missing. What
+/// it did, one line each (nothing: an empty list).
 ///
 /// # Safety
 ///
-/// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after
-/// the seal waits of `sealed` are over.
+/// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after the
+/// seal waits of `sealed` are over.
 pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
     let Some(area) = area() else {
         return Vec::new();
@@ -656,9 +670,18 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
             g.n
         );
     };
-    // Enough free blocks in gaps that are each too small: join them first.
+    // Enough free blocks in gaps that are each too small: join them first (said with the
+    // time it held the writers' flag for it).
+    let mut compacted = String::new();
     if gap(area, want).is_none() && free_blocks(area) >= want {
-        compact(area, want);
+        let started = std::time::Instant::now();
+        let (filters, blocks) = compact(area, want);
+        compacted = format!(
+            ", after moving {filters} summar{} of {} kB in {:.1} ms to join the free blocks",
+            if filters == 1 { "y" } else { "ies" },
+            (blocks * BLOCK_BYTES as u64).div_ceil(1024),
+            started.elapsed().as_secs_f64() * 1000.0
+        );
     }
     let Some(offset) = gap(area, want) else {
         return format!(
@@ -699,13 +722,13 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
              shared by {} summaries)",
             (want * BLOCK_BYTES as u64 * 8) as f64 / keys as f64,
             100.0 * crate::expired::false_positive_rate(keys, want),
-            in_use + waiting
+            (in_use + waiting).max(SHARED_BY_AT_LEAST)
         )
     } else {
         String::new()
     };
     format!(
-        "summarised generation {}: {} claim{} in {} kB{fewer}",
+        "summarised generation {}: {} claim{} in {} kB{fewer}{compacted}",
         g.n,
         keys,
         if keys == 1 { "" } else { "s" },
@@ -713,7 +736,26 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
     )
 }
 
-/// Free the filters of dropped databases (the launcher); how many.
+/// The databases that have a filter (the launcher looks for dropped ones among them, so a
+/// dropped database whose filters [`forget_databases`] could not free, its writers' flag
+/// taken, is found again at the next cycle).
+pub fn databases() -> Vec<pg_sys::Oid> {
+    let Some(area) = area() else {
+        return Vec::new();
+    };
+    let mut dbs: Vec<u32> = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .map(|s| s.db.load(Ordering::Relaxed))
+        .collect();
+    dbs.sort_unstable();
+    dbs.dedup();
+    dbs.into_iter().map(pg_sys::Oid::from).collect()
+}
+
+/// Free the filters of dropped databases (the launcher); how many (0 also when the writers'
+/// flag could not be taken: [`databases`] still lists them at the next cycle).
 pub fn forget_databases(gone: &[pg_sys::Oid]) -> usize {
     let Some(area) = area() else { return 0 };
     let Some(_busy) = take(area) else { return 0 };
@@ -822,8 +864,9 @@ mod tests {
         assert_eq!((full, least), (188, 71));
         // Room for all it takes.
         assert_eq!(sizing(6000, 1000, 2, 1000), 188);
-        // An even share of 400 among 4: 100, though 400 are free.
+        // An even share of 400 among 4: 100, though 400 are free; among 4 when fewer share.
         assert_eq!(sizing(6000, 400, 4, 400), 100);
+        assert_eq!(sizing(6000, 400, 1, 400), 100);
         // A share below the least: the least.
         assert_eq!(sizing(6000, 400, 8, 400), 71);
         // Fewer free than the share but at least the least: all that is free.
