@@ -6,9 +6,11 @@
 #   bash scripts/model.sh           the protocol (3 claimers), its progress check, aborts at
 #                                   any step (any number with 2 claimers, one with 3); the
 #                                   same with the epoch and a deleter (-DEPOCH -DDELETER;
-#                                   aborts with 2 claimers only); and the mutations: about
-#                                   200 s of CPU time on two cores (about 115 s of
-#                                   wall time) and 4.6 GB of memory at most
+#                                   aborts with 2 claimers only); two series' current
+#                                   generations with a deleter (-DSERIES -DDELETER: its
+#                                   progress, one abort with 3 claimers); and the
+#                                   mutations: about 140 s of CPU time on two cores
+#                                   (about 85 s of wall time) and 4.6 GB of memory at most
 #   bash scripts/model.sh --full    also any number of aborts with 3 claimers: about 2
 #                                   more minutes and 2 GB of memory
 set -euo pipefail
@@ -164,6 +166,7 @@ mutation NO_INCREMENT_BEFORE 'assertion violated .*wins' "-DSAFETY" "-E" \
     -DEPOCH -DDELETER -DNO_INCREMENT_BEFORE
 mutation SKIP_UNCHECKED 'assertion violated .*wins' "-DSAFETY" "-E" -DEPOCH -DSKIP_UNCHECKED
 mutation OWN_SERIES_ONLY 'assertion violated .*wins' "-DSAFETY" "-E" -DSERIES -DOWN_SERIES_ONLY
+mutation OLDER_SKIPS 'assertion violated .*wins' "-DSAFETY" "-E" -DSERIES -DOLDER_SKIPS
 mutation NO_WAIT_DELETER 'assertion violated .*wins' "-DSAFETY" "-E" \
     -DEPOCH -DDELETER -DNO_WAIT_DELETER
 

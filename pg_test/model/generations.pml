@@ -224,6 +224,12 @@
  *     to now would. A, its scope mapped to O's series, inserts into O and confirms; the
  *     scope moves to N's series; B inserts into N, does not look in O, confirms. Both
  *     commit: the series a scope used before stays in its claims' cross-check.
+ *   -DOLDER_SKIPS (with -DSERIES; assertion violated: wins <= 1): a claimer in O, the
+ *     older generation, does not cross-check N, as if an older generation's claimer could
+ *     count on the newer ones to look in it (true of one series, where a claimer in O
+ *     whose list has N is one the publication caught). B inserts into N, cross-checks O
+ *     (empty) and confirms; A, its scope moved to O's series, inserts into O, skips the
+ *     cross-check and confirms. Both commit.
  *   -DNO_WAIT_DELETER (with -DDELETER; assertion violated: wins <= 1): a claimer treats
  *     a row being deleted as gone (step 2: goes on to insert; step 4: confirms). A
  *     commits its row in O; the deleter starts deleting it; B, in N, cross-checks O, finds
@@ -521,6 +527,12 @@ precheck:
 #endif
 #ifdef OWN_SERIES_ONLY
     goto confirm;   /* the mutation: the other series' generation is not looked in */
+#endif
+#ifdef OLDER_SKIPS
+    if              /* the mutation: the older generation's claimer does not look in N */
+    :: g == O -> goto confirm
+    :: else
+    fi;
 #endif
 xcheck:
     /* 4: cross-check the other generation */
