@@ -18,8 +18,9 @@
 //! most [`SLOTS`] filters, plus their headers, asked for next to the epochs (so only with
 //! `shared_preload_libraries = 'dedup'`). A filter is sized at [`BITS_PER_KEY`] bits per key
 //! (a false-positive rate of about 0.1%) when that is at most an even share of the memory
-//! among the filters in use and those waiting to be built, else at the share, never below
-//! [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12) ([`sizing`]), and placed at
+//! (among the filters in use and those waiting to be built, and at least four), else at
+//! less, never below [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12): the
+//! rules are [`sizing`]'s. It is placed at
 //! the first gap that fits (when none does but the free blocks together would, the filters
 //! in use are first moved down to join them: [`compact`]); it is one range of 64-byte
 //! blocks, one cache line read per look-up (the layout and hash steps of `src/expired`). A
@@ -64,24 +65,48 @@ pub const MIN_BITS_PER_KEY: u64 = 6;
 /// sealed after them.
 pub const SHARED_BY_AT_LEAST: u64 = 4;
 
-/// The blocks a new filter of `keys` keys gets, in an area of `total` blocks shared by
-/// `sharing` filters (those in use and those waiting to be built, this one included; at
-/// least [`SHARED_BY_AT_LEAST`]) with `free` blocks free: all it takes at [`BITS_PER_KEY`]
-/// if that is no more than an even share, else the share, never less than
-/// [`MIN_BITS_PER_KEY`] takes; all the free blocks when fewer are free than that but they
-/// hold the least. Flat out with 32 MB and generations of about 6 million claims (12 MB at
-/// 16 bits): when a filter took all that was free (`1cc7687`), or an even share among the
-/// filters there were (`9899298`), the first ones took 12 MB each, and the fourth
-/// generation sealed found too little room and waited 30 s, unsummarised, for the first to
-/// be dropped (3.3 million probes).
-fn sizing(keys: u64, total: u64, sharing: u64, free: u64) -> u64 {
+/// What set a filter's size ([`sizing`]).
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Sized {
+    /// All it takes at [`BITS_PER_KEY`].
+    Full,
+    /// An even share among this many summaries.
+    Share(u64),
+    /// [`MIN_BITS_PER_KEY`]: its share among this many is less.
+    Least(u64),
+    /// The free blocks, fewer than its share, split among the generations waiting.
+    Free,
+}
+
+/// The blocks a new filter of `keys` keys gets, and why, in an area of `total` blocks with
+/// `in_use` filters in use, `waiting` generations of this database waiting for one (this
+/// one included) and `free` blocks free: all it takes at [`BITS_PER_KEY`] if that is no
+/// more than an even share among those filters and generations, and at least
+/// [`SHARED_BY_AT_LEAST`]; else the share, never less than [`MIN_BITS_PER_KEY`] takes;
+/// when the free blocks would not give each generation waiting that much, an even share of
+/// them among those generations if that holds the least (else the first ones get theirs
+/// and the others wait for room). Flat out with 32
+/// MB and generations of about 6 million claims (12 MB at 16 bits): when a filter took all
+/// that was free (`1cc7687`), or an even share among the filters there were (`9899298`),
+/// the first ones took 12 MB each, and the fourth generation sealed found too little room
+/// and waited 30 s, unsummarised, for the first to be dropped (3.3 million probes).
+fn sizing(keys: u64, total: u64, in_use: u64, waiting: u64, free: u64) -> (u64, Sized) {
     let least = blocks_for(keys, MIN_BITS_PER_KEY);
-    let share = total / sharing.max(SHARED_BY_AT_LEAST);
-    let want = blocks_for(keys, BITS_PER_KEY).min(share.max(least));
-    if want > free && free >= least {
-        free
+    let full = blocks_for(keys, BITS_PER_KEY);
+    let sharing = (in_use + waiting).max(SHARED_BY_AT_LEAST);
+    let share = total / sharing;
+    let (want, why) = if full <= share {
+        (full, Sized::Full)
+    } else if share >= least {
+        (share, Sized::Share(sharing))
     } else {
-        want
+        (least, Sized::Least(sharing))
+    };
+    let of_free = free / waiting.max(1);
+    if of_free < want && of_free >= least {
+        (of_free, Sized::Free)
+    } else {
+        (want, why)
     }
 }
 
@@ -522,9 +547,9 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         }
     }
     // This database's sealed generations without a filter, which share the memory with
-    // the filters in use (`sizing`); fewer as they are built.
-    // (Built, even if being moved by a compaction in another database's sync: not read
-    // again for that.)
+    // the filters in use (`sizing`); fewer as they are built (not when one finds no room:
+    // it still waits). (Built, even if being moved by a compaction in another database's
+    // sync: not read again for that.)
     let mut waiting = files.iter().filter(|(g, _)| !built(area, db, g)).count() as u64;
     for (g, rel) in files {
         if !built(area, db, g) {
@@ -542,9 +567,13 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
                 ));
             } else {
                 let hashes = keys_of(rel);
-                done.push(place_filter(area, db, g, &hashes, waiting));
+                done.push(place_filter(area, db, g, &hashes, waiting.max(1)));
+                // (Another writer may have freed one counted as built since, which this
+                // pass then built: hence no underflow, at worst a share too large.)
+                if built(area, db, g) {
+                    waiting = waiting.saturating_sub(1);
+                }
             }
-            waiting -= 1;
         }
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
@@ -659,7 +688,7 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
         .iter()
         .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
         .count() as u64;
-    let want = sizing(keys, area.blocks, in_use + waiting, free_blocks(area));
+    let (want, why) = sizing(keys, area.blocks, in_use, waiting, free_blocks(area));
     let Some(slot) = area
         .slots
         .iter()
@@ -716,17 +745,28 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
     slot.built_at
         .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
     slot.seq.fetch_add(1, Ordering::Release);
-    let fewer = if want < blocks_for(keys, BITS_PER_KEY) {
+    let why = match why {
+        Sized::Full => None,
+        Sized::Share(n) => Some(format!(
+            "its even share of dedup.generation_memory among {n} summaries"
+        )),
+        Sized::Least(n) => Some(format!(
+            "the least a summary is given, its even share of dedup.generation_memory among \
+             {n} summaries being less"
+        )),
+        Sized::Free => Some(
+            "the free part of dedup.generation_memory, shared among the generations waiting \
+             for a summary"
+                .to_string(),
+        ),
+    };
+    let fewer = why.map_or(String::new(), |why| {
         format!(
-            " (at {:.1} bits a claim, a false-positive rate of {:.1}%: dedup.generation_memory \
-             shared by {} summaries)",
+            " (at {:.1} bits a claim, a false-positive rate of {:.1}%: {why})",
             (want * BLOCK_BYTES as u64 * 8) as f64 / keys as f64,
             100.0 * crate::expired::false_positive_rate(keys, want),
-            (in_use + waiting).max(SHARED_BY_AT_LEAST)
         )
-    } else {
-        String::new()
-    };
+    });
     format!(
         "summarised generation {}: {} claim{} in {} kB{fewer}{compacted}",
         g.n,
@@ -863,18 +903,21 @@ mod tests {
         );
         assert_eq!((full, least), (188, 71));
         // Room for all it takes.
-        assert_eq!(sizing(6000, 1000, 2, 1000), 188);
+        assert_eq!(sizing(6000, 1000, 1, 1, 1000), (188, Sized::Full));
         // An even share of 400 among 4: 100, though 400 are free; among 4 when fewer share.
-        assert_eq!(sizing(6000, 400, 4, 400), 100);
-        assert_eq!(sizing(6000, 400, 1, 400), 100);
+        assert_eq!(sizing(6000, 400, 2, 2, 400), (100, Sized::Share(4)));
+        assert_eq!(sizing(6000, 400, 0, 1, 400), (100, Sized::Share(4)));
         // A share below the least: the least.
-        assert_eq!(sizing(6000, 400, 8, 400), 71);
-        // Fewer free than the share but at least the least: all that is free.
-        assert_eq!(sizing(6000, 400, 4, 80), 80);
-        // Fewer free than the least: the share, more than is free, which place_filter
-        // then finds no room for.
-        assert_eq!(sizing(6000, 400, 4, 70), 100);
-        assert_eq!(sizing(0, 400, 0, 400), 1);
+        assert_eq!(sizing(6000, 400, 6, 2, 400), (71, Sized::Least(8)));
+        // Fewer free than the share: the free ones shared among those waiting, if that
+        // holds the least.
+        assert_eq!(sizing(6000, 400, 3, 1, 80), (80, Sized::Free));
+        assert_eq!(sizing(6000, 400, 2, 2, 160), (80, Sized::Free));
+        // Else the share: more than is free, which place_filter then finds no room for; or
+        // the first of two waiting gets it and the second waits.
+        assert_eq!(sizing(6000, 400, 3, 1, 70), (100, Sized::Share(4)));
+        assert_eq!(sizing(6000, 400, 2, 2, 140), (100, Sized::Share(4)));
+        assert_eq!(sizing(0, 400, 0, 0, 400), (1, Sized::Full));
     }
 
     #[test]
