@@ -231,7 +231,8 @@ fn define_generation_memory() {
         c"Shared memory for the summaries of sealed generations, which spare a new claim the index probe of each sealed generation (0: off).",
         c"A Bloom filter of 16 bits per claim (a false-positive rate of about 0.1%) for each \
           sealed generation of a database that uses generations, or an even share of the memory \
-          down to 6 bits (about 9%). Size it at 2 bytes per claim in the sealed generations. A generation \
+          down to 6 bits (about 9%). Size it at 2 bytes per claim of the largest sealed generation \
+          times the summaries, at least four. A generation \
           that does not fit is probed in its index. Needs shared_preload_libraries = 'dedup'.",
         &GENERATION_MEMORY,
         0,

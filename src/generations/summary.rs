@@ -74,8 +74,12 @@ enum Sized {
     Share(u64),
     /// [`MIN_BITS_PER_KEY`]: its share among this many is less.
     Least(u64),
-    /// The free blocks, fewer than its share, split among the generations waiting.
-    Free,
+    /// The free blocks, too few for each generation waiting to have its share, split among
+    /// this many.
+    Free(u64),
+    /// [`MIN_BITS_PER_KEY`]: too few blocks are free for more, or for the least of each
+    /// generation waiting (the others wait for room).
+    LeastFree,
 }
 
 /// The blocks a new filter of `keys` keys gets, and why, in an area of `total` blocks with
@@ -84,12 +88,14 @@ enum Sized {
 /// more than an even share among those filters and generations, and at least
 /// [`SHARED_BY_AT_LEAST`]; else the share, never less than [`MIN_BITS_PER_KEY`] takes;
 /// when the free blocks would not give each generation waiting that much, an even share of
-/// them among those generations if that holds the least (else the first ones get theirs
-/// and the others wait for room). Flat out with 32
+/// them among those generations if that holds the least; else, if they do not hold this
+/// one's size but hold the least, the least (the others wait for room); else that size
+/// (place_filter finds no room, or this one gets it and the others wait). Flat out with 32
 /// MB and generations of about 6 million claims (12 MB at 16 bits): when a filter took all
 /// that was free (`1cc7687`), or an even share among the filters there were (`9899298`),
-/// the first ones took 12 MB each, and the fourth generation sealed found too little room
-/// and waited 30 s, unsummarised, for the first to be dropped (3.3 million probes).
+/// the first three were built at their full 16 bits (12 MB, then about 8 MB each: 28 MB),
+/// and the fourth generation sealed found too little room and waited about 30 s,
+/// unsummarised, for the first to be dropped (3.1 and 3.3 million probes).
 fn sizing(keys: u64, total: u64, in_use: u64, waiting: u64, free: u64) -> (u64, Sized) {
     let least = blocks_for(keys, MIN_BITS_PER_KEY);
     let full = blocks_for(keys, BITS_PER_KEY);
@@ -104,7 +110,9 @@ fn sizing(keys: u64, total: u64, in_use: u64, waiting: u64, free: u64) -> (u64, 
     };
     let of_free = free / waiting.max(1);
     if of_free < want && of_free >= least {
-        (of_free, Sized::Free)
+        (of_free, Sized::Free(waiting.max(1)))
+    } else if want > free && free >= least {
+        (least, Sized::LeastFree)
     } else {
         (want, why)
     }
@@ -569,7 +577,8 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
                 let hashes = keys_of(rel);
                 done.push(place_filter(area, db, g, &hashes, waiting.max(1)));
                 // (Another writer may have freed one counted as built since, which this
-                // pass then built: hence no underflow, at worst a share too large.)
+                // pass then built, or built one counted as waiting: hence no underflow, at
+                // worst a share a little too large or too small for this pass.)
                 if built(area, db, g) {
                     waiting = waiting.saturating_sub(1);
                 }
@@ -754,9 +763,13 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
             "the least a summary is given, its even share of dedup.generation_memory among \
              {n} summaries being less"
         )),
-        Sized::Free => Some(
-            "the free part of dedup.generation_memory, shared among the generations waiting \
-             for a summary"
+        Sized::Free(n) => Some(format!(
+            "an even share of the free part of dedup.generation_memory among the {n} \
+             generations waiting for a summary"
+        )),
+        Sized::LeastFree => Some(
+            "the least a summary is given, with too little of dedup.generation_memory free \
+             for more"
                 .to_string(),
         ),
     };
@@ -911,8 +924,11 @@ mod tests {
         assert_eq!(sizing(6000, 400, 6, 2, 400), (71, Sized::Least(8)));
         // Fewer free than the share: the free ones shared among those waiting, if that
         // holds the least.
-        assert_eq!(sizing(6000, 400, 3, 1, 80), (80, Sized::Free));
-        assert_eq!(sizing(6000, 400, 2, 2, 160), (80, Sized::Free));
+        assert_eq!(sizing(6000, 400, 3, 1, 80), (80, Sized::Free(1)));
+        assert_eq!(sizing(6000, 400, 2, 2, 160), (80, Sized::Free(2)));
+        // Too few free for the least of each of two, and for this one's share, but enough
+        // for one least: the least (the other waits).
+        assert_eq!(sizing(6000, 400, 2, 2, 90), (71, Sized::LeastFree));
         // Else the share: more than is free, which place_filter then finds no room for; or
         // the first of two waiting gets it and the second waits.
         assert_eq!(sizing(6000, 400, 3, 1, 70), (100, Sized::Share(4)));

@@ -2315,8 +2315,9 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
         // deletes its old row first, so the probe its summary's "maybe" asks for finds
         // nothing there, which is no false positive. (Counted as one until the lease
         // functions left them out.) Generation 2 is sealed and summarised with the lease in
-        // it (with 8kB in the 3,648 bytes generation 0's summary left: it holds a handful of
-        // claims); 0, 1 and 2 are probed for want of a summary as above (1 with 8kB).
+        // it (with 8kB in the 3,648 bytes generation 0's summary left: it holds about 3,100
+        // claims, the batches above, which fit there at 6 bits a claim up to about 4,860);
+        // 0, 1 and 2 are probed for want of a summary as above (1 with 8kB).
         let lease: uuid::Uuid = one(
             &c,
             "SELECT lease_id FROM dedup.lease('held-2', 'default', '1 hour')",
@@ -2481,6 +2482,12 @@ pub async fn summaries_move_to_join_gaps_too_small_for_a_new_one(_ctx: Ctx) -> R
     else {
         bail!("no \"{line}\" in what the rotations said ({said:?}) or in the log");
     };
+    if !found.contains(
+        "the least a summary is given, its even share of dedup.generation_memory among 4 \
+         summaries being less",
+    ) {
+        bail!("the line that says generation 1 was summarised does not say why at 6 bits: {found}");
+    }
     if !found.contains(", after moving 1 summary of 3 kB in ") {
         bail!("the line that says generation 1 was summarised does not say what moved: {found}");
     }
