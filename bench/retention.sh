@@ -127,7 +127,7 @@ for s in "${servers[@]:1}"; do
 done
 end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
 { echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores"
-  echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB"
+  echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB${SERVER_OPTS:+, $SERVER_OPTS}"
   echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
   echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums"; } | tee -a "$OUT"
 # The generations server's sealed generations, and how many have no summary (a claim then
