@@ -20,11 +20,10 @@
 //! (a false-positive rate of about 0.1%) when that is at most an even share of the memory
 //! (among the filters in use and those waiting to be built, and at least four), else at
 //! less, never below [`MIN_BITS_PER_KEY`] (about 9%: still 11 probes spared of 12): the
-//! rules are [`sizing`]'s. It is placed at
-//! the first gap that fits (when none does but the free blocks together would, the filters
-//! in use are first moved down to join them: [`compact`]); it is one range of 64-byte
-//! blocks, one cache line read per look-up (the layout and hash steps of `src/expired`). A
-//! generation that does not fit gets no filter.
+//! rules are [`sizing`]'s. It is placed at the first gap that fits (when none does but the
+//! free blocks together would, the filters in use are first moved down to join them:
+//! [`compact`]); it is one range of 64-byte blocks, one cache line read per look-up (the
+//! layout and hash steps of `src/expired`). A generation that does not fit gets no filter.
 //!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
 //! `dedup.rotate_generations`): it frees the filters of its database's generations that are
@@ -347,8 +346,9 @@ impl Held {
 /// writer holds it only while it copies bits it has computed or moves filters (no call that
 /// can raise an ERROR or wait runs under it): microseconds to a few milliseconds for the
 /// largest filter, and for a compaction the copy of the filters it moves (at most
-/// `dedup.generation_memory`; not timed); a process killed under it takes the shared memory
-/// with it (the postmaster's crash restart makes it anew).
+/// `dedup.generation_memory`; the line that says the new filter was built says how long it
+/// took); a process killed under it takes the shared memory with it (the postmaster's crash
+/// restart makes it anew).
 fn take(area: &Area) -> Option<Busy<'_>> {
     for i in 0..10_000_000u32 {
         if area
