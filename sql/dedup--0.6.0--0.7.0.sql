@@ -75,11 +75,12 @@ AS 'MODULE_PATHNAME', 'rotate_step_wrapper';
 -- and comments of the library's new functions.
 -- One row per generation that exists (and generation 0 for ever once it is retired): the
 -- rotation writes it, the claim path reads it through its primary key with a snapshot of
--- its own. state: current (claims go there; exactly one row once generations are on),
--- sealing (published away from, its seal wait not done: claims in flight may still insert
--- there), sealed (no insert ever again), retired (no claim reads it; waiting for its drop).
--- waits: the transactions a seal or drop waits for, as the rotation stored them ('truncated'
--- for generation 0 once dedup.processed is truncated).
+-- its own. state: current (claims go there; one per series, that is per retention in
+-- force), sealing (published away from, its seal wait not done: claims in flight may still
+-- insert there), sealed (no insert ever again), retired (no claim reads it; waiting for its
+-- drop). waits: the transactions a seal or drop waits for, as the rotation stored them
+-- ('truncated' for generation 0 once dedup.processed is truncated). retention: the series.
+-- scopes: the scopes of a sealed generation's claims, once its retirement needed them.
 CREATE TABLE dedup.generations (
     n          pg_catalog.int4 NOT NULL CHECK (n OPERATOR(pg_catalog.>=) 0),
     relname    pg_catalog.name NOT NULL,
@@ -91,6 +92,8 @@ CREATE TABLE dedup.generations (
     sealed_at  pg_catalog.timestamptz,
     retired_at pg_catalog.timestamptz,
     waits      pg_catalog.text,
+    retention  pg_catalog.interval,
+    scopes     pg_catalog.text[],
     CONSTRAINT generations_pkey PRIMARY KEY (n),
     CONSTRAINT generations_relname_key UNIQUE (relname)
 );
@@ -100,6 +103,10 @@ COMMENT ON COLUMN dedup.generations.relid IS
     'The generation''s table. A regclass, not an oid: pg_dump writes it as the table''s name, so a restore into another database names the table it made there.';
 COMMENT ON COLUMN dedup.generations.state IS
     'current: claims go there; sealing: published away from, its seal wait not done; sealed: no insert ever again; retired: no claim reads it, waiting for its drop (generation 0 stays retired once truncated).';
+COMMENT ON COLUMN dedup.generations.retention IS
+    'The series of the generation: the retention in force (dedup.retention, or a scope''s own in dedup.scope_retention) whose claims it takes, a quarter of which is its width; each retention in force has one current generation. NULL for generation 0 (dedup.processed), kept for the longest retention in force.';
+COMMENT ON COLUMN dedup.generations.scopes IS
+    'The scopes of the claims in a sealed generation, looked for once its series'' retention has passed while a longer one is in force: it is retired once each of these scopes'' retentions has passed. NULL: not looked for yet; a NULL element: more than 1000 scopes, kept for the longest retention in force.';
 COMMENT ON COLUMN dedup.generations.waits IS
     'The transactions the rotation''s seal or drop waits for, as it stored them (truncated: generation 0 once dedup.processed is truncated); NULL when none.';
 

@@ -361,7 +361,8 @@ unsafe fn insert_claims_from(
     let rel = match &gens {
         None => open_processed(),
         Some(list) => {
-            match crate::generations::open(list.current, pg_sys::RowExclusiveLock as _, func) {
+            let current = list.current(list.current_for(scope));
+            match crate::generations::open(current, pg_sys::RowExclusiveLock as _, func) {
                 Some(rel) => rel,
                 None => return stale(func, epoch, start),
             }
@@ -423,7 +424,7 @@ unsafe fn insert_claims_from(
     )> = Vec::new();
     let mut restart = None;
     if let Some(list) = &gens {
-        for g in &list.others {
+        for g in list.others_for(list.current_for(scope)) {
             if g.sealed {
                 if let Some(held) = crate::generations::summary::find(g.relid, g.n) {
                     unopened.push((*g, held));
@@ -813,9 +814,12 @@ unsafe fn speculative_claim(
         let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
         // The cross-check (design, "The claim protocol", step 2): between the index insert
         // and the confirmation, read the epoch again and look for the key in every other
-        // generation. Every other generation is older than the current one, so this
-        // claimer always gives way: it kills its row and releases its token before any
-        // wait.
+        // generation. Every other generation is older than the current one, or the current
+        // one of another series, and this claimer always gives way: it kills its row and
+        // releases its token before any wait. (Two claimers of one key into two series'
+        // current generations, each finding the other's row, both give way and start the
+        // key over: neither is granted; the check before the retry's insert finds the row
+        // of whichever inserts first and waits for it.)
         let mut crossed = None;
         if !spec_conflict {
             if let Some(epoch) = gens.epoch {

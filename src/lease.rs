@@ -25,20 +25,20 @@ fn check_claim(
     // use_generations() as _lease_tables holds them off, and refused where generations are
     // on (their SQL is older than the library: an ALTER EXTENSION UPDATE is due).
     // SAFETY: in this #[pg_extern] function's transaction, under its guard.
-    if unsafe { crate::generations::lease_tables(func) }.is_some() {
+    if unsafe { crate::generations::lease_tables(func, scope.unwrap_or_default()) }.is_some() {
         error::needs_update(func, "a lease in a database that uses generations", "0.7.0");
     }
 }
 
 /// `dedup._claim_tables(func, job_id, scope)`: the checks of `dedup._check_claim`, then the
-/// tables a claim of the job may be in, newest
-/// generation first (each locked in share mode to the end of the transaction), or
+/// tables a claim of the job may be in, the current generation of the scope's series first
+/// (each locked in share mode to the end of the transaction), or
 /// `{dedup.processed}` where generations are not used: `dedup.forget`'s.
 #[pg_extern(name = "_claim_tables", volatile, parallel_unsafe)]
 fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str>) -> Vec<String> {
     let func = func.unwrap_or_else(|| error::null_argument("dedup._claim_tables", "func"));
     check_args(func, job_id, scope, None);
-    claim_tables(func)
+    claim_tables(func, scope.unwrap_or_default())
 }
 
 /// `dedup._lease_tables(func, job_id, scope, fingerprint)`: the checks of
@@ -58,7 +58,7 @@ fn lease_tables(
     let func = func.unwrap_or_else(|| error::null_argument("dedup._lease_tables", "func"));
     check_args(func, job_id, scope, fingerprint);
     // SAFETY: in this #[pg_extern] function's transaction, under its guard.
-    unsafe { crate::generations::lease_tables(func) }
+    unsafe { crate::generations::lease_tables(func, scope.unwrap_or_default()) }
 }
 
 /// `dedup._write_lease(func, job_id, scope, fingerprint, result, lease_id, lease_expires_at,
@@ -142,12 +142,13 @@ fn check_args(func: &str, job_id: Option<&str>, scope: Option<&str>, fingerprint
     }
 }
 
-/// The tables a claim of this database may be in, newest generation first: each
-/// generation's (opened and locked in share mode to the end of the transaction, so none is
-/// dropped under the read), or `dedup.processed` alone where generations are not used.
-fn claim_tables(func: &str) -> Vec<String> {
+/// The tables a claim of `scope` may be in: each generation's (the current one of the
+/// scope's series first, then the others, `generations::tables`; each opened and locked in
+/// share mode to the end of the transaction, so none is dropped under the read), or
+/// `dedup.processed` alone where generations are not used.
+fn claim_tables(func: &str, scope: &str) -> Vec<String> {
     // SAFETY: called from #[pg_extern] functions, in their transaction, under their guard.
-    unsafe { crate::generations::tables(func, pg_sys::AccessShareLock as _) }
+    unsafe { crate::generations::tables(func, scope, pg_sys::AccessShareLock as _) }
         .unwrap_or_else(|| vec!["dedup.processed".into()])
 }
 
@@ -202,7 +203,7 @@ fn set_result(
     // transaction claimed the job: the current one, or one published away from since
     // (sealing until this transaction ends). A key is in one generation only.
     let mut found = None;
-    for table in claim_tables(F) {
+    for table in claim_tables(F, scope.unwrap_or_default()) {
         let row = Spi::get_three_with_args::<String, bool, bool>(
             &format!(
                 "SELECT p.xmin::pg_catalog.text, p.lease_expires_at IS NOT NULL, \
@@ -272,7 +273,7 @@ pub(crate) fn claim_result_row(
     let tables = if citus::routes_claims() {
         vec!["dedup.processed".to_string()]
     } else {
-        claim_tables(FUNC_RESULT)
+        claim_tables(FUNC_RESULT, scope)
     };
     let args = [DatumWithOid::from(job_id), DatumWithOid::from(scope)];
     let read = || {

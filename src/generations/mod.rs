@@ -1,12 +1,12 @@
-//! Claims in rotating generations (issue 26, slice 1; docs/design/generations.md).
+//! Claims in rotating generations (issue 26, slices 1 and 2; docs/design/generations.md).
 //!
 //! A database that ran `dedup.use_generations()` keeps its claims in several tables, the
 //! generations, listed in `dedup.generations`: `dedup.processed` (n = 0) and the tables
-//! `dedup.processed_<n>` the worker creates (`rotate.rs`). A claim inserts into the
-//! `current` one and checks the others for the same key (`claim.rs`, the design's claim
-//! protocol); the worker publishes a new generation every quarter of the longest retention,
-//! waits for the claimers of the old one, seals it, and drops it once its claims are past
-//! their retention.
+//! `dedup.processed_<n>` the worker creates (`rotate.rs`), in a series per retention in
+//! force. A claim inserts into the `current` one of its scope's series and checks the
+//! others for the same key (`claim.rs`, the design's claim protocol); the worker publishes
+//! a new generation of each series every quarter of its retention, waits for the claimers
+//! of the old one, seals it, and drops it once its claims are past their retention.
 //!
 //! Which generations exist is read here, with a snapshot of its own, once per value of the
 //! database's epoch (`epoch.rs`), which every change of the list moves.
@@ -55,12 +55,71 @@ pub(crate) struct Generation {
     pub(crate) sealed: bool,
 }
 
-/// The generations a claim uses: the current one, and the others still read (sealing and
-/// sealed), newest first. A retired generation is not in it.
+/// The generations a claim uses: the current one of each series (one per retention in
+/// force, `rotate.rs`), and the others still read (sealing and sealed), newest first. A
+/// retired generation is not in it. A claim inserts into the current generation of its
+/// scope's series ([`List::current_for`]) and looks in all the others
+/// ([`List::others_for`]): any choice of current generation is sound, so long as every
+/// claim looks in every live generation (the model's `SERIES` configuration), so the routes
+/// need not be published under the epoch.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct List {
-    pub(crate) current: Generation,
+    /// The current generation of each series, newest first, with its series' retention as
+    /// a span in µs (PostgreSQL's interval comparison: a month is 30 days; None for
+    /// generation 0, current only inside `use_generations()`).
+    pub(crate) currents: Vec<(Generation, Option<i128>)>,
     pub(crate) others: Vec<Generation>,
+    /// The scopes of `dedup.scope_retention` whose claims go to a current generation other
+    /// than `default`'s, as read with the list: the index into `currents`.
+    routes: std::collections::HashMap<String, usize>,
+    /// The index into `currents` of the series of `dedup.retention` (or the nearest).
+    default: usize,
+}
+
+impl List {
+    /// The index into `currents` of the generation a claim of `scope` inserts into: its
+    /// series', the series of its retention (`dedup.scope_retention` as of the list's read,
+    /// else `dedup.retention`), or the nearest series if that one has no current generation
+    /// yet.
+    pub(crate) fn current_for(&self, scope: &str) -> usize {
+        if self.routes.is_empty() {
+            return self.default;
+        }
+        self.routes.get(scope).copied().unwrap_or(self.default)
+    }
+
+    /// The current generation of index `i` (see [`List::current_for`]).
+    pub(crate) fn current(&self, i: usize) -> Generation {
+        self.currents[i].0
+    }
+
+    /// Every generation a claim into `currents[i]` looks in: the other series' current
+    /// generations, then the sealing and sealed ones, newest first.
+    pub(crate) fn others_for(&self, i: usize) -> impl Iterator<Item = &Generation> {
+        self.currents
+            .iter()
+            .enumerate()
+            .filter(move |(j, _)| *j != i)
+            .map(|(_, (g, _))| g)
+            .chain(self.others.iter())
+    }
+}
+
+/// The index into `currents` of the series of retention `span` (µs), or of the nearest: the
+/// shortest longer one, else the longest (a claim kept longer than its retention, never
+/// less: `rotate.rs` retires a generation by the retentions of the scopes in it).
+fn nearest(currents: &[(Generation, Option<i128>)], span: i128) -> usize {
+    let spans = || {
+        currents
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, s))| s.map(|s| (i, s)))
+    };
+    spans()
+        .filter(|(_, s)| *s >= span)
+        .min_by_key(|(_, s)| *s)
+        .or_else(|| spans().max_by_key(|(_, s)| *s))
+        .map_or(0, |(i, _)| i)
 }
 
 /// This backend's copy of the list: the database, the epoch it was read at, and the list
@@ -123,24 +182,31 @@ pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
     (epoch, loaded)
 }
 
-/// The tables of this database's generations, newest first (`dedup.processed_<n>`, and
-/// `dedup.processed` for generation 0 while it is not retired), each opened and checked to
-/// be the table its row names ([`open`]): the current one with `current_mode`, the others
-/// with AccessShareLock; the lock is kept to the end of the transaction, so none is dropped
-/// under a read that follows. A generation dropped since the list was read is left out: it
+/// The tables of this database's generations (`dedup.processed_<n>`, and `dedup.processed`
+/// for generation 0 while it is not retired), each opened and checked to be the table its
+/// row names ([`open`]): first the current one of `scope`'s series with `current_mode`,
+/// then the others as a claim looks in them ([`List::others_for`]) with AccessShareLock;
+/// the lock is kept to the end of the transaction, so none is dropped under a read that
+/// follows. A generation dropped since the list was read is left out: it
 /// had been retired, its claims expired. None: the database does not use generations.
 ///
 /// # Safety
 ///
 /// As for [`list`].
-pub(crate) unsafe fn tables(func: &str, current_mode: pg_sys::LOCKMODE) -> Option<Vec<String>> {
+pub(crate) unsafe fn tables(
+    func: &str,
+    scope: &str,
+    current_mode: pg_sys::LOCKMODE,
+) -> Option<Vec<String>> {
     let (_, list) = list(func);
     let list = list?;
     let mut tables = Vec::new();
     let modes =
         std::iter::once(current_mode).chain(std::iter::repeat(pg_sys::AccessShareLock as _));
-    for (g, mode) in std::iter::once(&list.current)
-        .chain(list.others.iter())
+    let i = list.current_for(scope);
+    let current = list.current(i);
+    for (g, mode) in std::iter::once(&current)
+        .chain(list.others_for(i))
         .zip(modes)
     {
         // SAFETY: the contract of this function; the relation is closed at once, its lock
@@ -181,10 +247,10 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
 }
 
 /// The tables a lease function (`dedup.lease`, `complete`, `extend_lease`,
-/// `release_lease`) looks for its job in, newest generation first, each locked to the end of
+/// `release_lease`) looks for its job of `scope` in ([`tables`]), each locked to the end of
 /// the transaction (the first as a claim locks it, in `ROW EXCLUSIVE` mode; the others in
 /// share mode), with the list current after the locks (so the first is the generation
-/// claims go to, and a seal of it waits for this transaction); None in a
+/// claims of the scope go to, and a seal of it waits for this transaction); None in a
 /// database that does not use generations, where the function uses `dedup.processed`.
 ///
 /// Where generations are not used, `use_generations()` is held off until this transaction
@@ -196,7 +262,7 @@ pub(crate) unsafe fn in_use(func: &str) -> bool {
 /// # Safety
 ///
 /// As for [`list`].
-pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
+pub(crate) unsafe fn lease_tables(func: &str, scope: &str) -> Option<Vec<String>> {
     // Not in the transaction that changes dedup.generations (see claim::insert_claims_from).
     if epoch::publishing_now() {
         error::claim_while_publishing(func);
@@ -215,7 +281,7 @@ pub(crate) unsafe fn lease_tables(func: &str) -> Option<Vec<String>> {
         // seal lists the transactions that hold a lock of that strength or stronger on it
         // (share locks, as the others get, do not make it wait). The list is the one just
         // read (the cache, unless the epoch moved, which the check below sees).
-        let tables = tables(func, pg_sys::RowExclusiveLock as _)?;
+        let tables = tables(func, scope, pg_sys::RowExclusiveLock as _)?;
         // Locked, then the epoch read again: unchanged, so no publication committed before
         // the locks, and a later one's seal waits for this transaction (the claim path's
         // rule). A lease written in place in the first table is in the generation claims go
@@ -275,10 +341,10 @@ unsafe fn load(func: &str) -> Option<List> {
     // table_close. slot_getattr deforms the slot's current tuple, which stays pinned while
     // it is read; text and name datums are copied into Rust values before the next fetch.
     let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-    if (*(*rel).rd_att).natts < 4 {
+    if (*(*rel).rd_att).natts < 9 {
         pgrx::error!("dedup: the table dedup.generations does not have its columns");
     }
-    let mut rows: Vec<(i32, pg_sys::Oid, State)> = Vec::new();
+    let mut rows: Vec<(i32, pg_sys::Oid, State, Option<i128>)> = Vec::new();
     scan_rows(rel, |slot| {
         let mut isnull = false;
         let n = pg_sys::slot_getattr(slot, 1, &mut isnull).value() as i32;
@@ -290,35 +356,89 @@ unsafe fn load(func: &str) -> Option<List> {
             .unwrap_or_else(|| {
                 pgrx::error!("dedup: a row of dedup.generations has no valid state")
             });
-        rows.push((n, relid, state));
+        let retention = pg_sys::slot_getattr(slot, 9, &mut isnull);
+        let span = <pgrx::datum::Interval as pgrx::FromDatum>::from_datum(retention, isnull)
+            .map(|i| i.as_micros());
+        rows.push((n, relid, state, span));
     });
     pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
     if rows.is_empty() {
         return None;
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.0));
-    let mut current = None;
+    let mut currents: Vec<(Generation, Option<i128>)> = Vec::new();
     let mut others = Vec::new();
-    for (n, relid, state) in rows {
+    for (n, relid, state, span) in rows {
         let g = Generation {
             n,
             relid,
             sealed: state == State::Sealed,
         };
         match state {
-            State::Current if current.is_none() => current = Some(g),
-            State::Current => pgrx::error!("dedup: dedup.generations has two current generations"),
+            State::Current if currents.iter().any(|(_, s)| *s == span) => {
+                pgrx::error!("dedup: dedup.generations has two current generations of one series")
+            }
+            State::Current => currents.push((g, span)),
             State::Sealing | State::Sealed => others.push(g),
             State::Retired => {}
         }
     }
-    let Some(current) = current else {
+    if currents.is_empty() {
         pgrx::error!("{func}: dedup.generations has no current generation");
-    };
-    if others.iter().any(|g| g.n > current.n) {
-        pgrx::error!("dedup: dedup.generations has a generation newer than the current one");
     }
-    Some(List { current, others })
+    // The series of dedup.retention (seconds), and the scopes' own.
+    let default = nearest(
+        &currents,
+        i128::from(crate::guc::RETENTION.get()) * 1_000_000,
+    );
+    let mut routes = std::collections::HashMap::new();
+    if currents.len() > 1 {
+        for (scope, span) in scope_retentions() {
+            let i = nearest(&currents, span);
+            if i != default {
+                routes.insert(scope, i);
+            }
+        }
+    }
+    Some(List {
+        currents,
+        others,
+        routes,
+        default,
+    })
+}
+
+/// The scopes of `dedup.scope_retention` and their retentions as spans in µs (none if the
+/// table is not the extension's), read with a snapshot taken now.
+///
+/// # Safety
+///
+/// As for [`list`].
+unsafe fn scope_retentions() -> Vec<(String, i128)> {
+    // SAFETY: as in catalog_relid and load.
+    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
+    let relid = pg_sys::get_relname_relid(c"scope_retention".as_ptr(), nsp);
+    let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
+    if relid == pg_sys::InvalidOid
+        || ext == pg_sys::InvalidOid
+        || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != ext
+    {
+        return Vec::new();
+    }
+    let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
+    let mut scopes = Vec::new();
+    scan_rows(rel, |slot| {
+        let mut isnull = false;
+        let scope = pg_sys::slot_getattr(slot, 1, &mut isnull);
+        let scope = <String as pgrx::FromDatum>::from_datum(scope, isnull);
+        let retention = pg_sys::slot_getattr(slot, 2, &mut isnull);
+        let span = <pgrx::datum::Interval as pgrx::FromDatum>::from_datum(retention, isnull);
+        if let (Some(scope), Some(span)) = (scope, span) {
+            scopes.push((scope, span.as_micros()));
+        }
+    });
+    pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
+    scopes
 }
 
 /// Call `each` with a slot holding each row of `rel` that a snapshot taken now sees (not the

@@ -3,12 +3,16 @@
 //! and the worker's `dedup._rotate(step)`.
 //! Each step runs in its caller's transaction and records where it is in the generation's
 //! row, so a step a crash or an ERROR cut short is done again at the next call:
-//! - publish: `dedup.processed_<n+1>` is made and becomes `current`; the old one `sealing`;
+//! - publish, per series (one per retention in force, the row's `retention`):
+//!   `dedup.processed_<n+1>` is made and becomes the series' `current`, the old one
+//!   `sealing`; or the first of a new series; or a current one whose retention is no longer
+//!   in force becomes `sealing` with no successor;
 //! - seal: the transactions holding a lock on the sealing table (GetLockConflicts, as CREATE
 //!   INDEX CONCURRENTLY lists them) are stored once in `waits` and then polled, never waited
 //!   for; once all ended it is `sealed`, and sealed_at (then) starts its retention;
-//! - retire: a sealed table past sealed_at plus the longest retention, in which no lease
-//!   still runs, is `retired`;
+//! - retire: a sealed table past sealed_at plus the retention of each scope of its claims
+//!   (read once into `scopes` where retentions differ), in which no lease still runs, is
+//!   `retired`;
 //! - drop: the same stored wait (in every lock mode), a lock taken only if free at once,
 //!   then DROP TABLE (n >= 1, row deleted) or TRUNCATE dedup.processed (n = 0, row kept).
 //!
@@ -76,15 +80,27 @@ pub(crate) fn use_generations() -> String {
         "recording dedup.processed as generation 0",
     );
     let retention = Retention::now();
-    let published = publish_next(&load(true, &retention));
+    let rows = load(true);
+    let processed = rows.iter().find(|g| g.n == 0);
+    let mut published = vec![publish_next(&rows, processed, &retention.default)];
+    // Each scope's own retention has a series of its own from the start.
+    for s in retention
+        .series
+        .iter()
+        .filter(|s| s.span != retention.default.span)
+    {
+        published.push(publish_next(&load(true), None, s));
+    }
     format!(
         "dedup.processed is generation 0 and {published}: claims go there from this \
          transaction's commit on. dedup.processed is sealed once the transactions that use it \
          now have ended, and truncated {longest:.0} s (the longest retention) after that; a \
-         new generation is published every {width:.0} s (a quarter of it) by the background \
-         worker, or by dedup.rotate_generations()",
+         new generation of each retention in force is published every quarter of it \
+         ({width:.0} s for dedup.retention) by the background worker, or by \
+         dedup.rotate_generations()",
+        published = published.join(", "),
         longest = retention.longest,
-        width = retention.width,
+        width = retention.default.width(),
     )
 }
 
@@ -394,52 +410,142 @@ impl Kind {
 /// One step of `kind` if there is one to do or to report (inside a transaction).
 fn run(kind: Kind, force_publish: bool, retention: &Retention) -> Option<String> {
     match kind {
-        Kind::Seal => seal(retention),
-        Kind::Drop => drop_retired(retention),
+        Kind::Seal => seal(),
+        Kind::Drop => drop_retired(),
         Kind::Retire => retire(retention),
         Kind::Publish => publish(retention, force_publish),
     }
 }
 
-/// The longest retention in force, in seconds: `dedup.retention` or the longest of the
-/// scopes' own (`dedup.scope_retention`), measured back from now in UTC as the pruner's
-/// cutoffs are (prune/horizons.rs), so that '1 month' counts the month it spans now.
-pub(crate) fn longest_retention_secs() -> f64 {
-    Spi::connect(|c| {
-        c.select(
-            "SELECT pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) \
-                 LEAST(pg_catalog.now() OPERATOR(pg_catalog.-) \
-                           pg_catalog.make_interval(secs => $1::pg_catalog.float8), \
-                       (SELECT pg_catalog.min(pg_catalog.timezone('UTC'::pg_catalog.text, \
-                                   pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
-                                   OPERATOR(pg_catalog.-) r.retention)) \
-                          FROM dedup.scope_retention AS r)))",
-            None,
-            &[DatumWithOid::from(f64::from(guc::RETENTION.get()))],
-        )?
-        .first()
-        .get_one::<f64>()
-    })
-    .unwrap_or_else(|e| pgrx::error!("dedup: reading the retentions in force failed: {e}"))
-    .unwrap_or_else(|| f64::from(guc::RETENTION.get()))
+/// An interval in seconds measured back from now in UTC, as the pruner's cutoffs are
+/// (prune/horizons.rs), so that '1 month' counts the month it spans now: `{}` is the
+/// interval's expression.
+const SECS: &str = "pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) \
+      pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.timezone('UTC'::pg_catalog.text, \
+          pg_catalog.now()) OPERATOR(pg_catalog.-) ({})))";
+
+/// A retention in force (`dedup.retention`'s, or a scope's own), which has a series of
+/// generations: one current at a time, each a quarter of it wide.
+#[derive(Clone, Debug)]
+struct Series {
+    retention: pgrx::datum::Interval,
+    /// The interval as a span in µs (a month is 30 days), as PostgreSQL compares intervals.
+    span: i128,
+    secs: f64,
 }
 
-/// The retention the steps use: the longest in force, and the width of a generation (a
-/// quarter of it, at least a second).
+impl Series {
+    /// A generation's width: a quarter of the retention, at least a second.
+    fn width(&self) -> f64 {
+        width(self.secs)
+    }
+}
+
+fn width(secs: f64) -> f64 {
+    (secs / 4.0).max(1.0)
+}
+
+/// The retentions in force, as the steps use them.
 struct Retention {
+    /// The longest, in seconds.
     longest: f64,
-    width: f64,
+    /// `dedup.retention`'s, in seconds: the retention of a scope with none of its own.
+    default_secs: f64,
+    /// The series of `dedup.retention`.
+    default: Series,
+    /// The retentions in force that have a series, each once (as PostgreSQL's `=` on
+    /// intervals has it): `dedup.retention`'s, and the longest [`MOST_SERIES`] - 1 of the
+    /// others. Each must have a current generation.
+    series: Vec<Series>,
+    /// The scopes with a retention of their own, in seconds.
+    scopes: std::collections::HashMap<String, f64>,
 }
 
 impl Retention {
     fn now() -> Retention {
-        let longest = longest_retention_secs();
+        let default_secs = f64::from(guc::RETENTION.get());
+        let query = format!(
+            "SELECT NULL::pg_catalog.text, s.r, {secs} \
+               FROM (SELECT pg_catalog.make_interval(secs => $1::pg_catalog.float8) AS r \
+                     UNION SELECT r.retention FROM dedup.scope_retention AS r) AS s \
+             UNION ALL \
+             SELECT r.scope::pg_catalog.text, r.retention, {scope_secs} \
+               FROM dedup.scope_retention AS r",
+            secs = SECS.replace("{}", "s.r"),
+            scope_secs = SECS.replace("{}", "r.retention"),
+        );
+        let mut series = Vec::new();
+        let mut scopes = std::collections::HashMap::new();
+        Spi::connect(|c| {
+            for row in c.select(&query, None, &[DatumWithOid::from(default_secs)])? {
+                let scope: Option<String> = row.get(1)?;
+                let retention: Option<pgrx::datum::Interval> = row.get(2)?;
+                let secs: f64 = row.get(3)?.unwrap_or(default_secs);
+                match (scope, retention) {
+                    (Some(scope), _) => {
+                        scopes.insert(scope, secs);
+                    }
+                    (None, Some(retention)) => series.push(Series {
+                        span: retention.as_micros(),
+                        retention,
+                        secs,
+                    }),
+                    (None, None) => {}
+                }
+            }
+            Ok::<_, pgrx::spi::Error>(())
+        })
+        .unwrap_or_else(|e| pgrx::error!("dedup: reading the retentions in force failed: {e}"));
+        let default_span = i128::from(guc::RETENTION.get()) * 1_000_000;
+        let default = series
+            .iter()
+            .find(|s| s.span == default_span)
+            .cloned()
+            .unwrap_or_else(|| pgrx::error!("dedup: the series of dedup.retention is missing"));
+        // Past the cap, the shortest retentions have no series of their own: their claims
+        // go to the shortest longer series (a backend's `generations::nearest`), kept longer
+        // than their retention, never in a shorter series that their claims would hold back.
+        series.retain(|s| s.span != default_span);
+        series.sort_by_key(|s| std::cmp::Reverse(s.span));
+        series.truncate(MOST_SERIES - 1);
+        series.push(default.clone());
+        // The longest of every retention, not of the series': '1 mon' and '30 days' are one
+        // series, but measured back from now they differ.
+        let longest = series
+            .iter()
+            .map(|s| s.secs)
+            .chain(scopes.values().copied())
+            .fold(default_secs, f64::max);
         Retention {
             longest,
-            width: (longest / 4.0).max(1.0),
+            default_secs,
+            default,
+            series,
+            scopes,
         }
     }
+
+    /// The retention of `scope` in seconds: its own, else `dedup.retention`'s.
+    fn of(&self, scope: &str) -> f64 {
+        self.scopes.get(scope).copied().unwrap_or(self.default_secs)
+    }
+
+    /// The series of span `span`, if it is in force.
+    fn series_of(&self, span: Option<i128>) -> Option<&Series> {
+        span.and_then(|span| self.series.iter().find(|s| s.span == span))
+    }
 }
+
+/// The most scopes a generation's `scopes` lists: beyond, the generation is kept for the
+/// longest retention in force.
+const MOST_SCOPES: i64 = 1000;
+
+/// The most series (retentions with generations of their own), `dedup.retention`'s
+/// included: a claim locks the current generation of every series (and the one being
+/// sealed) with its index, and looks up the summaries of the sealed ones (opened too where
+/// a summary says "maybe", or has none); PostgreSQL 15 to 17 keep 16 locks per backend in
+/// the fast path.
+const MOST_SERIES: usize = 4;
 
 /// A row of `dedup.generations`, with what is due for it now.
 #[derive(Clone, PartialEq, Debug)]
@@ -451,45 +557,63 @@ struct Row {
     waits: Option<String>,
     /// This transaction wrote the row (its xmin is ours): a change not committed yet.
     mine: bool,
-    /// opened_at + width <= now().
-    publish_due: bool,
-    /// sealed_at + the longest retention <= now().
-    retire_due: bool,
+    /// Its series: its retention as a span in µs (None for generation 0).
+    span: Option<i128>,
+    /// Its series' retention in seconds, as [`SECS`] measures it (None for generation 0).
+    series_secs: Option<f64>,
+    /// Seconds since opened_at.
+    age: f64,
+    /// Seconds since sealed_at (None: not sealed).
+    sealed_for: Option<f64>,
+    /// The scopes of its claims, once looked for (a None element: more than [`MOST_SCOPES`]).
+    scopes: Option<Vec<Option<String>>>,
 }
 
 impl Row {
     fn name(&self) -> String {
         format!("dedup.{}", self.relname)
     }
+
+    /// Its series' retention in seconds: the longest in force for generation 0, or for a
+    /// series no longer in force whose retention was longer.
+    fn retention_secs(&self, retention: &Retention) -> f64 {
+        self.series_secs.unwrap_or(retention.longest)
+    }
+
+    /// The current generation is older than its series' width.
+    fn publish_due(&self, retention: &Retention) -> bool {
+        self.age >= width(self.retention_secs(retention))
+    }
 }
 
 /// Operators written OPERATOR() all bind alike, left to right: hence the parentheses.
-const ROWS: &str =
-    "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
-        g.xmin::pg_catalog.text, \
-        g.opened_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) \
-            pg_catalog.make_interval(secs => $1::pg_catalog.float8)), \
-        COALESCE(g.sealed_at OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) \
-            pg_catalog.make_interval(secs => $2::pg_catalog.float8)), false) \
-   FROM dedup.generations AS g ORDER BY g.n";
+fn rows_query() -> String {
+    format!(
+        "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
+            g.xmin::pg_catalog.text, g.retention, {secs}, \
+            pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.opened_at)::pg_catalog.float8, \
+            pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.sealed_at)::pg_catalog.float8, \
+            g.scopes \
+       FROM dedup.generations AS g ORDER BY g.n",
+        secs = SECS.replace("{}", "g.retention")
+    )
+}
 
 /// The rows of `dedup.generations`, by n. `fresh`: with a snapshot taken now (a statement
 /// run as a write: in READ COMMITTED it sees what another rotator committed while this one
 /// waited for the publishing lock); otherwise the caller's snapshot, and no transaction ID.
-fn load(fresh: bool, retention: &Retention) -> Vec<Row> {
-    let args = [
-        DatumWithOid::from(retention.width),
-        DatumWithOid::from(retention.longest),
-    ];
+fn load(fresh: bool) -> Vec<Row> {
+    let query = rows_query();
     let rows = Spi::connect_mut(|c| {
         let table = if fresh {
-            c.update(ROWS, None, &args)?
+            c.update(&query, None, &[])?
         } else {
-            c.select(ROWS, None, &args)?
+            c.select(&query, None, &[])?
         };
         let mut rows = Vec::new();
         for row in table {
             let xmin: String = row.get(6)?.unwrap_or_default();
+            let retention: Option<pgrx::datum::Interval> = row.get(7)?;
             rows.push(Row {
                 n: row.get(1)?.unwrap_or(-1),
                 relname: row.get(2)?.unwrap_or_default(),
@@ -501,8 +625,11 @@ fn load(fresh: bool, retention: &Retention) -> Vec<Row> {
                     // backend's transaction state; no ERROR.
                     unsafe { pg_sys::TransactionIdIsCurrentTransactionId(x.into()) }
                 }),
-                publish_due: row.get(7)?.unwrap_or(false),
-                retire_due: row.get(8)?.unwrap_or(false),
+                span: retention.map(|r| r.as_micros()),
+                series_secs: row.get(8)?,
+                age: row.get(9)?.unwrap_or(0.0),
+                sealed_for: row.get(10)?,
+                scopes: row.get(11)?,
             });
         }
         Ok::<_, pgrx::spi::Error>(rows)
@@ -524,8 +651,8 @@ fn load(fresh: bool, retention: &Retention) -> Vec<Row> {
 
 /// `g` as it is now, under the publishing lock; None if another session changed it since
 /// the caller read it (that session did the step).
-fn reread(g: &Row, retention: &Retention) -> Option<Row> {
-    load(true, retention)
+fn reread(g: &Row) -> Option<Row> {
+    load(true)
         .into_iter()
         .find(|r| r.n == g.n && r.state == g.state && r.waits == g.waits && r.relid == g.relid)
 }
@@ -591,10 +718,31 @@ unsafe fn processed_relid(func: &str) -> pg_sys::Oid {
 
 // ---- Publish ----------------------------------------------------------------------------
 
-/// Publish a new generation if one is due (the current one is older than the width, and
-/// none is being sealed) or `force`d.
+/// Publish a new generation if one is due, or `force`d. In this order, one at most:
+/// - the first generation of a retention in force that has no current one (a scope's new
+///   retention), also while another is being sealed;
+/// - none while a generation is being sealed (a generation is published once the one before
+///   it is sealed);
+/// - a current generation whose retention is no longer in force is published away from
+///   with no successor (being sealed, then retired by the retentions of the scopes in it);
+/// - the next generation of the series whose current one is older than its width; forced,
+///   of `dedup.retention`'s series.
 fn publish(retention: &Retention, force: bool) -> Option<String> {
-    let rows = load(false, retention);
+    let rows = load(false);
+    let has_current = |rows: &[Row], span: i128| {
+        rows.iter()
+            .any(|g| g.state == CURRENT && g.span == Some(span))
+    };
+    if let Some(s) = retention
+        .series
+        .iter()
+        .find(|s| !has_current(&rows, s.span))
+    {
+        epoch::publishing();
+        let rows = load(true);
+        // Else another session published it meanwhile.
+        return (!has_current(&rows, s.span)).then(|| publish_next(&rows, None, s));
+    }
     if let Some(s) = rows.iter().find(|g| g.state == SEALING) {
         return force.then(|| {
             format!(
@@ -604,29 +752,47 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
             )
         });
     }
-    let current = rows
-        .iter()
-        .find(|g| g.state == CURRENT)
-        .unwrap_or_else(|| pgrx::error!("dedup: dedup.generations has no current generation"));
-    if !force && !current.publish_due {
-        return None;
+    let currents = || rows.iter().filter(|g| g.state == CURRENT);
+    if let Some(g) = currents().find(|g| retention.series_of(g.span).is_none()) {
+        epoch::publishing();
+        let rows = load(true);
+        let still = rows.iter().any(|r| r.n == g.n && r.state == CURRENT)
+            && !rows.iter().any(|r| r.state == SEALING)
+            && rows.iter().filter(|r| r.state == CURRENT).count() > 1;
+        return still.then(|| {
+            change_row(
+                "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
+                  WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
+                g.n,
+                "marking the current generation sealing",
+            );
+            format!(
+                "published away from {}: its retention is no longer in force (its claims are \
+                 kept for the retentions of their scopes)",
+                g.name()
+            )
+        });
     }
-    let n = current.n;
+    let due = if force {
+        currents()
+            .find(|g| g.span == Some(retention.default.span))
+            .or_else(|| currents().next())
+    } else {
+        currents().find(|g| g.publish_due(retention))
+    }?;
+    let series = retention.series_of(due.span)?;
+    let n = due.n;
     epoch::publishing();
-    let rows = load(true, retention);
-    let still = rows.iter().any(|g| g.n == n && g.state == CURRENT)
-        && !rows.iter().any(|g| g.state == SEALING);
+    let rows = load(true);
+    let from = rows.iter().find(|g| g.n == n && g.state == CURRENT);
+    let still = from.is_some() && !rows.iter().any(|g| g.state == SEALING);
     // Else another session published meanwhile.
-    still.then(|| publish_next(&rows))
+    still.then(|| publish_next(&rows, from, series))
 }
 
-/// Make generation max(n) + 1, make it `current` and the current one `sealing`. The
-/// caller holds the publishing lock and read `rows` under it.
-fn publish_next(rows: &[Row]) -> String {
-    let current = rows
-        .iter()
-        .find(|g| g.state == CURRENT)
-        .unwrap_or_else(|| pgrx::error!("dedup: dedup.generations has no current generation"));
+/// Make generation max(n) + 1 the current one of `series`, and `from` (its current one)
+/// `sealing`. The caller holds the publishing lock and read `rows` under it.
+fn publish_next(rows: &[Row], from: Option<&Row>, series: &Series) -> String {
     let n = rows
         .iter()
         .map(|g| g.n)
@@ -635,23 +801,33 @@ fn publish_next(rows: &[Row]) -> String {
         .unwrap_or_else(|| pgrx::error!("dedup: no generation number is left"));
     let relname = super::relname_of(n);
     let relid = create_generation(&relname);
-    change_row(
-        "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
-          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
-        current.n,
-        "marking the current generation sealing",
-    );
+    if let Some(from) = from {
+        change_row(
+            "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
+              WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
+            from.n,
+            "marking the current generation sealing",
+        );
+    }
     exec(
-        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at) \
-         VALUES ($1, $2::pg_catalog.name, $3::pg_catalog.regclass, 'current', pg_catalog.now())",
+        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at, retention) \
+         VALUES ($1, $2::pg_catalog.name, $3::pg_catalog.regclass, 'current', pg_catalog.now(), $4)",
         &[
             DatumWithOid::from(n),
             DatumWithOid::from(relname.as_str()),
             DatumWithOid::from(relid),
+            DatumWithOid::from(series.retention),
         ],
         "recording the new generation",
     );
-    format!("published dedup.{relname}")
+    if from.is_some() {
+        format!("published dedup.{relname}")
+    } else {
+        format!(
+            "published dedup.{relname}, the first of the retention of {:.0} s",
+            series.secs
+        )
+    }
 }
 
 /// The privileges on relation `$1` of roles other than its owner (PUBLIC included), as a
@@ -774,10 +950,8 @@ fn create_generation(relname: &str) -> pg_sys::Oid {
 
 /// The seal of the generation being sealed: list its lockers once, poll them, seal it when
 /// they have all ended.
-fn seal(retention: &Retention) -> Option<String> {
-    let g = load(false, retention)
-        .into_iter()
-        .find(|g| g.state == SEALING)?;
+fn seal() -> Option<String> {
+    let g = load(false).into_iter().find(|g| g.state == SEALING)?;
     let name = g.name();
     let stored = g
         .waits
@@ -806,7 +980,7 @@ fn seal(retention: &Retention) -> Option<String> {
         ));
     }
     epoch::publishing();
-    let g = reread(&g, retention)?;
+    let g = reread(&g)?;
     let waits = match stored {
         Some(w) => w,
         None => {
@@ -861,13 +1035,24 @@ fn held_by_me(relid: pg_sys::Oid) -> bool {
 
 // ---- Retire -----------------------------------------------------------------------------
 
-/// Retire the oldest sealed generation whose seal is older than the longest retention and
-/// in which no lease still runs (a newer one is retired while an older one is held back:
-/// nothing needs them retired in order).
+/// Retire the oldest sealed generation whose claims are all past their retention and in
+/// which no lease still runs (a newer one is retired while an older one is held back:
+/// nothing needs them retired in order). A generation's claims are past their retention
+/// once its seal is older than the longest retention in force, or than its series'
+/// retention and that of each scope of its claims (the retentions in force now: a scope's
+/// retention raised after its claims were taken keeps them the longer; a claim of another
+/// scope in the generation, taken with a list read before its scope's retention changed,
+/// keeps the generation for that scope's retention). The scopes are looked for once, with
+/// a scan of the generation, when its series' retention has passed while a longer one is
+/// in force, and kept in its row.
 fn retire(retention: &Retention) -> Option<String> {
-    let due: Vec<Row> = load(false, retention)
+    let candidates: Vec<Row> = load(false)
         .into_iter()
-        .filter(|g| g.state == SEALED && g.retire_due)
+        .filter(|g| {
+            g.state == SEALED
+                && g.sealed_for
+                    .is_some_and(|t| t >= g.retention_secs(retention).min(retention.longest))
+        })
         .collect();
     // A lease still running there is not retired with it (a copy would lease the job again
     // while its holder works). A sealed generation gains no lease and no lease is changed
@@ -881,22 +1066,45 @@ fn retire(retention: &Retention) -> Option<String> {
     // held back does not hold back the next one due.
     let mut held = None;
     let mut free = None;
-    for g in due {
+    for g in candidates {
+        let sealed_for = g.sealed_for.unwrap_or(0.0);
+        // The retention its claims were kept for: the longest of its scopes'.
+        let mut kept_for = retention.longest;
+        if sealed_for < retention.longest {
+            let scopes = match &g.scopes {
+                Some(scopes) => scopes.clone(),
+                None => {
+                    let scopes = scopes_of(&g);
+                    epoch::publishing();
+                    let g = reread(&g)?;
+                    set_scopes(&g, &scopes);
+                    scopes
+                }
+            };
+            let longest = scopes
+                .iter()
+                .map(|s| s.as_deref().map_or(retention.longest, |s| retention.of(s)))
+                .fold(g.retention_secs(retention), f64::max);
+            if sealed_for < longest {
+                continue;
+            }
+            kept_for = longest;
+        }
         match running_leases(&g) {
             Some(why) => {
                 held.get_or_insert(why);
             }
             None => {
-                free = Some(g);
+                free = Some((g, kept_for));
                 break;
             }
         }
     }
-    let Some(g) = free else {
+    let Some((g, kept_for)) = free else {
         return held;
     };
     epoch::publishing();
-    let g = reread(&g, retention)?;
+    let g = reread(&g)?;
     change_row(
         "UPDATE dedup.generations AS g \
             SET state = 'retired', retired_at = pg_catalog.now(), waits = NULL \
@@ -905,11 +1113,11 @@ fn retire(retention: &Retention) -> Option<String> {
         "retiring",
     );
     // SAFETY: in the step's transaction, under its guard.
-    let (read, kept) = unsafe { super::summary::pass_to_expired(g.relid, retention.longest) };
+    let (read, kept) = unsafe { super::summary::pass_to_expired(g.relid, kept_for) };
     Some(format!(
-        "retired {}: sealed more than the longest retention ({:.0} s) ago{}",
+        "retired {}: sealed {:.0} s ago, past the retention of each scope of its claims{}",
         g.name(),
-        retention.longest,
+        g.sealed_for.unwrap_or(0.0),
         if read == 0 {
             String::new()
         } else if kept == read {
@@ -923,6 +1131,42 @@ fn retire(retention: &Retention) -> Option<String> {
             )
         }
     ))
+}
+
+/// The scopes of the claims in sealed generation `g` (a scan of it), at most
+/// [`MOST_SCOPES`]; a None element after them if there are more.
+fn scopes_of(g: &Row) -> Vec<Option<String>> {
+    let mut scopes: Vec<Option<String>> = Spi::connect(|c| {
+        c.select(
+            &format!(
+                "SELECT DISTINCT p.scope::pg_catalog.text FROM dedup.{} AS p LIMIT $1",
+                super::relname_of(g.n)
+            ),
+            None,
+            &[DatumWithOid::from(MOST_SCOPES + 1)],
+        )?
+        .map(|row| row.get::<String>(1))
+        .collect::<Result<Vec<_>, _>>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("dedup: reading the scopes of {} failed: {e}", g.name()));
+    if scopes.len() as i64 > MOST_SCOPES {
+        scopes.truncate(MOST_SCOPES as usize);
+        scopes.push(None);
+    }
+    scopes
+}
+
+/// Store the scopes of `g`'s claims (under the publishing lock).
+fn set_scopes(g: &Row, scopes: &[Option<String>]) {
+    let changed = exec(
+        "UPDATE dedup.generations AS g SET scopes = $2 \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'sealed'",
+        &[DatumWithOid::from(g.n), DatumWithOid::from(scopes.to_vec())],
+        "recording the scopes of a generation",
+    );
+    if changed != 1 {
+        pgrx::error!("dedup: generation {} is no longer sealed", g.n);
+    }
 }
 
 /// What holds back the retirement of `g`: the leases in it that have not expired, or None.
@@ -957,8 +1201,8 @@ fn running_leases(g: &Row) -> Option<String> {
 /// The drop of the oldest retired generation whose table is still there: list its lockers
 /// once (every mode), poll them, then take its lock only if it is free at once, and drop it
 /// (n >= 1) or truncate `dedup.processed` (n = 0).
-fn drop_retired(retention: &Retention) -> Option<String> {
-    let g = load(false, retention)
+fn drop_retired() -> Option<String> {
+    let g = load(false)
         .into_iter()
         .find(|g| g.state == RETIRED && g.waits.as_deref() != Some(TRUNCATED))?;
     let name = g.name();
@@ -998,7 +1242,7 @@ fn drop_retired(retention: &Retention) -> Option<String> {
         }
     }
     epoch::publishing();
-    let Some(g) = reread(&g, retention) else {
+    let Some(g) = reread(&g) else {
         unlock(g.relid);
         return None;
     };

@@ -1832,12 +1832,13 @@ pub async fn a_running_lease_holds_back_its_generations_retirement(_ctx: Ctx) ->
         "SELECT lease_id FROM dedup.lease('r-long', 'default', '10 minutes')",
     )
     .await?;
-    // The retention shortened to 1 s after the lease was taken.
+    // The retention shortened to 1 s after the lease was taken: the rotation opens the
+    // series of 1 s, then publishes away from generation 1, whose retention (the week of
+    // dedup.retention's default) is no longer in force, and seals it.
     a.batch_execute(&format!("ALTER DATABASE {DB} SET dedup.retention = '1s'"))
         .await?;
     let a = admin(&dsn).await?;
-    publish(&a).await?;
-    settle(&a).await?;
+    rotate_until(&a, g1, "sealed", 10).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut said = Vec::new();
     for _ in 0..5 {
@@ -1863,6 +1864,228 @@ pub async fn a_running_lease_holds_back_its_generations_retirement(_ctx: Ctx) ->
     c.execute("SELECT dedup.release_lease('r-long', $1)", &[&held])
         .await?;
     rotate_until(&a, g1, "retired", 10).await?;
+    Ok(())
+}
+
+/// The current generations, by n, with the retention of each one's series in seconds.
+async fn currents(c: &Conn) -> Result<Vec<(i32, f64)>> {
+    Ok(c.query(
+        "SELECT n, extract(epoch FROM retention)::float8 FROM dedup.generations \
+          WHERE state = 'current' ORDER BY n",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}
+
+/// A scope with a retention of its own has a series of its own (issue 26: a scope with a
+/// 1-hour retention beside one with 30 days must not keep 30 days of the short scope's
+/// claims). dedup.retention is 60 s and scope `short` has 2 s: `use_generations()` opens a
+/// current generation for each, a claim goes to its scope's, and the short scope's
+/// generation is sealed, retired 2 s after its seal and dropped while the 60 s one stays
+/// current; a
+/// copy of the short scope's job is then claimed again, a copy of the long one's is still a
+/// duplicate. Then the short scope's retention is raised to 60 s: its series is published
+/// away from, and its sealed generation is kept past 2 s for the new retention of the
+/// scope in it (its `scopes`, looked for once), while claims of both scopes go to the one
+/// series left and stay unique across both.
+pub async fn a_scope_with_its_own_retention_has_a_series_of_its_own(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-series")).await?;
+    {
+        let c = connect(&dsn).await?;
+        c.batch_execute(&format!("ALTER DATABASE {DB} SET dedup.retention = '60s'"))
+            .await?;
+    }
+    let a = admin(&dsn).await?;
+    a.batch_execute(
+        "SET client_min_messages = error; SELECT dedup.set_retention('short', '2 seconds')",
+    )
+    .await?;
+    let said = use_generations(&a).await?;
+    let series = currents(&a).await?;
+    let (long, short) = match series.as_slice() {
+        [(l, ls), (s, ss)] if *ls == 60.0 && *ss == 2.0 => (*l, *s),
+        _ => bail!("after use_generations() ({said}), the current generations are {series:?}, not one of 60 s and one of 2 s"),
+    };
+    let c = claimer(&dsn).await?;
+    for (job, scope) in [("s-1", "short"), ("l-1", "long")] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}', '{scope}')")).await?,
+            true,
+            &format!("the first claim of {scope}/{job}"),
+        )?;
+    }
+    ensure_eq(
+        held_in(&a, "s-1", "short").await?,
+        vec![short],
+        "where short/s-1 is",
+    )?;
+    ensure_eq(
+        held_in(&a, "l-1", "long").await?,
+        vec![long],
+        "where long/l-1 is",
+    )?;
+    // A copy of either, in its own series or the other's, is a duplicate.
+    for (job, scope) in [("s-1", "short"), ("l-1", "long")] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}', '{scope}')")).await?,
+            false,
+            &format!("a copy of {scope}/{job}"),
+        )?;
+    }
+    // The short series: published after 0.5 s, sealed, retired 2 s after its seal, dropped.
+    let said = rotate_until(&a, short, "retired", 15).await?;
+    let retired = said
+        .iter()
+        .find(|s| s.contains(&format!("retired dedup.processed_{short}")));
+    if retired.is_none() {
+        bail!("no step said it retired generation {short}: {said:?}");
+    }
+    // And dropped (its row goes with its table).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state(&a, short).await?.is_some() {
+        if Instant::now() > deadline {
+            bail!(
+                "generation {short} is not dropped 10 s after its retirement: {}",
+                catalog(&a).await?
+            );
+        }
+        rotate(&a).await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure_eq(
+        state(&a, long).await?,
+        Some("current".to_string()),
+        "the 60 s series' generation",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('s-1', 'short')").await?,
+        true,
+        "a copy of short/s-1 after its generation was retired (its 2 s had passed)",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('l-1', 'long')").await?,
+        false,
+        "a copy of long/l-1 while its 60 s run",
+    )?;
+    // The short scope's retention raised to 60 s: its current generation, which holds
+    // short/s-1 again, is published away from and sealed, and kept past 2 s.
+    let short2 = currents(&a)
+        .await?
+        .into_iter()
+        .find(|(_, secs)| *secs == 2.0)
+        .map(|(n, _)| n)
+        .context("no current generation of 2 s after the first one's retirement")?;
+    ensure_eq(
+        held_in(&a, "s-1", "short").await?,
+        vec![short2],
+        "where short/s-1 is now",
+    )?;
+    a.batch_execute("SELECT dedup.set_retention('short', '60 seconds')")
+        .await?;
+    rotate_until(&a, short2, "sealed", 10).await?;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let mut said = Vec::new();
+    for _ in 0..5 {
+        said.push(rotate(&a).await?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure_eq(
+        state(&a, short2).await?,
+        Some("sealed".to_string()),
+        &format!("generation {short2}, more than 2 s after its seal with the scope's retention raised to 60 s; the steps said {said:?}"),
+    )?;
+    let scopes: Option<Vec<String>> = one(
+        &a,
+        &format!("SELECT scopes FROM dedup.generations WHERE n = {short2}"),
+    )
+    .await?;
+    ensure_eq(
+        scopes,
+        Some(vec!["short".to_string()]),
+        "the scopes recorded for it",
+    )?;
+    ensure_eq(
+        currents(&a)
+            .await?
+            .iter()
+            .map(|(_, secs)| *secs)
+            .collect::<Vec<_>>(),
+        vec![60.0],
+        "the series left",
+    )?;
+    for (job, scope, want) in [
+        ("s-1", "short", false),
+        ("s-2", "short", true),
+        ("l-2", "long", true),
+    ] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('{job}', '{scope}')")).await?,
+            want,
+            &format!("a claim of {scope}/{job} with one series left"),
+        )?;
+    }
+    ensure_eq(
+        held_in(&a, "s-2", "short").await?,
+        vec![long],
+        "where short/s-2 went",
+    )?;
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
+    )
+}
+
+/// At most four retentions have a series: with dedup.retention at 60 s and scopes of 10,
+/// 20, 30, 120 and 240 s, the series are 60 s and the three longest of the scopes' (30, 120
+/// and 240 s); a claim of the 10 s and the 20 s scope goes to the shortest longer one, 30 s.
+pub async fn at_most_four_retentions_have_a_series(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-series-cap")).await?;
+    {
+        let c = connect(&dsn).await?;
+        c.batch_execute(&format!("ALTER DATABASE {DB} SET dedup.retention = '60s'"))
+            .await?;
+    }
+    let a = admin(&dsn).await?;
+    a.batch_execute("SET client_min_messages = error").await?;
+    for secs in [10, 20, 30, 120, 240] {
+        a.batch_execute(&format!(
+            "SELECT dedup.set_retention('s{secs}', '{secs} seconds')"
+        ))
+        .await?;
+    }
+    use_generations(&a).await?;
+    let series = currents(&a).await?;
+    let mut secs: Vec<f64> = series.iter().map(|(_, s)| *s).collect();
+    secs.sort_by(f64::total_cmp);
+    ensure_eq(
+        secs,
+        vec![30.0, 60.0, 120.0, 240.0],
+        "the series' retentions",
+    )?;
+    let of = |want: f64| series.iter().find(|(_, s)| *s == want).map(|(n, _)| *n);
+    let c = claimer(&dsn).await?;
+    for (scope, want) in [
+        ("s10", 30.0),
+        ("s20", 30.0),
+        ("s30", 30.0),
+        ("s240", 240.0),
+        ("other", 60.0),
+    ] {
+        ensure_eq(
+            claim_tx(&c, &format!("SELECT dedup.try_claim('j', '{scope}')")).await?,
+            true,
+            &format!("the claim of {scope}/j"),
+        )?;
+        ensure_eq(
+            held_in(&a, "j", scope).await?,
+            of(want).into_iter().collect::<Vec<_>>(),
+            &format!("where {scope}/j is (the series of {want} s)"),
+        )?;
+    }
     Ok(())
 }
 
@@ -3768,14 +3991,19 @@ struct TortureRotations {
     said: BTreeMap<String, u64>,
 }
 
-/// The torture's rotator: a publication every second, a rotation step every 200 ms between.
+/// The torture's rotator: a publication every second, a rotation step every 200 ms between;
+/// with `toggle`, the retention of the scope `torture` also set to 60 s (the series of the
+/// scope `anchor`) and back to `dedup.retention`'s before every other step, so that its
+/// claims go to either series' current generation, as each session's list has it.
 async fn torture_rotator(
     dsn: String,
     deadline: Instant,
+    toggle: bool,
     unexpected: Arc<Mutex<Vec<String>>>,
 ) -> Result<TortureRotations> {
     let mut out = TortureRotations::default();
     let mut last_publication = Instant::now();
+    let mut steps = 0u64;
     'connection: while Instant::now() < deadline {
         let c = connect_when_up(&dsn).await?;
         if let Err(e) = c.batch_execute("SET statement_timeout = '20s'").await {
@@ -3785,6 +4013,19 @@ async fn torture_rotator(
             return Err(e.into());
         }
         while Instant::now() < deadline {
+            steps += 1;
+            if toggle && steps.is_multiple_of(2) {
+                let sql = if steps.is_multiple_of(4) {
+                    "SELECT dedup.set_retention('torture', '60 seconds')"
+                } else {
+                    "SELECT dedup.set_retention('torture', NULL)"
+                };
+                match c.batch_execute(sql).await {
+                    Ok(()) => {}
+                    Err(e) if disrupted(&e) => continue 'connection,
+                    Err(e) => unexpected.lock().unwrap().push(format!("{sql}: {e}")),
+                }
+            }
             let publishing = last_publication.elapsed() >= Duration::from_secs(1);
             let sql = if publishing {
                 "SELECT dedup.rotate_generations(publish => true)"
@@ -3830,12 +4071,31 @@ async fn torture_rotator(
 /// sessions, every acknowledged one kept its effect, and every job with an effect is a
 /// duplicate.
 pub async fn generations_torture(_ctx: Ctx) -> Result<()> {
+    torture("gen-torture", false).await
+}
+
+/// The torture of [`generations_torture`] with two series: the scope `anchor` has a
+/// retention of 60 s of its own, so that beside `dedup.retention`'s series there is one of
+/// 60 s, and the retention of the scope the sessions claim in, `torture`, is set to 60 s and
+/// back every 400 ms: a session claims into the current generation of one series or the
+/// other as its list has it, so copies of one job race across series (the model's `SERIES`
+/// configuration). Besides the checks of the torture, the claims are in generations of both
+/// series.
+pub async fn generations_torture_across_series(_ctx: Ctx) -> Result<()> {
+    torture("gen-torture-series", true).await
+}
+
+async fn torture(name: &str, series: bool) -> Result<()> {
     const CLAIMERS: usize = 32;
     let run = Duration::from_secs(20);
     let kill_after = Duration::from_secs(10);
-    let (cluster, dsn) = server(preloaded("gen-torture")).await?;
+    let (cluster, dsn) = server(preloaded(name)).await?;
     let a = admin(&dsn).await?;
     a.batch_execute("CREATE TABLE effects (id text)").await?;
+    if series {
+        a.batch_execute("SELECT dedup.set_retention('anchor', '60 seconds')")
+            .await?;
+    }
     let unexpected = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let deadline = started + run;
@@ -3855,7 +4115,12 @@ pub async fn generations_torture(_ctx: Ctx) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     use_generations(&a).await?;
     drop(a);
-    let rotator = tokio::spawn(torture_rotator(dsn.clone(), deadline, unexpected.clone()));
+    let rotator = tokio::spawn(torture_rotator(
+        dsn.clone(),
+        deadline,
+        series,
+        unexpected.clone(),
+    ));
 
     tokio::time::sleep(kill_after).await;
     let victim: i32 = {
@@ -3987,7 +4252,33 @@ pub async fn generations_torture(_ctx: Ctx) -> Result<()> {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    current(&c).await?;
+    if series {
+        // The claims of `torture` by the retention of the series of the generation they are
+        // in (the generations not retired: none is, their retentions are 60 s and a week).
+        let mut by_series: BTreeMap<String, i64> = BTreeMap::new();
+        for g in c
+            .query(
+                "SELECT relname::text, retention::text FROM dedup.generations \
+                  WHERE state <> 'retired' AND n > 0",
+                &[],
+            )
+            .await?
+        {
+            let (rel, retention): (String, String) = (g.get(0), g.get(1));
+            let n: i64 = one(
+                &c,
+                &format!("SELECT count(*) FROM dedup.{rel} WHERE scope = 'torture'"),
+            )
+            .await?;
+            *by_series.entry(retention).or_insert(0) += n;
+        }
+        println!("  claims of torture by series: {by_series:?}");
+        if by_series.len() != 2 || by_series.values().any(|n| *n == 0) {
+            bail!("the claims are not in generations of both series: {by_series:?}");
+        }
+    } else {
+        current(&c).await?;
+    }
     println!(
         "  {} jobs claimed, each once; generations by state: {states:?}",
         effects.len()
