@@ -236,6 +236,35 @@ pub fn enabled() -> bool {
     ring().is_some() && setting(&guc::EXPIRED_LOOKBACK) != 0
 }
 
+/// Is the summary that takes keys now full, and not due to give way to the next before
+/// `now` (µs since 2000)? A hint, read without the lock: a pass with more claims to
+/// remember than a summary takes stops reading them ([`count_not_kept`] counts the rest).
+pub fn full(now: i64) -> bool {
+    let Some(ring) = ring() else {
+        return false;
+    };
+    let width = lookback(ring) / (SLOTS as i64 - 1);
+    let slot = &ring.slots[ring.current.load(Ordering::Acquire) as usize % SLOTS];
+    let started = slot.started.load(Ordering::Relaxed);
+    started != 0 && now < started + width && slot.keys.load(Ordering::Acquire) >= ring.capacity
+}
+
+/// Count `n` claims a full summary did not take, in `not_kept`, as [`remember`] counts
+/// each (a pass that stopped reading them once [`full`]).
+pub fn count_not_kept(n: u64) {
+    let Some(ring) = ring() else { return };
+    if n == 0 {
+        return;
+    }
+    // SAFETY: as in remember: nothing between the acquire and the release raises an ERROR.
+    unsafe {
+        pg_sys::LWLockAcquire(ring.lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+        let slot = &ring.slots[ring.current.load(Ordering::Relaxed) as usize % SLOTS];
+        slot.not_kept.fetch_add(n, Ordering::Relaxed);
+        pg_sys::LWLockRelease(ring.lock);
+    }
+}
+
 /// The ring, when it exists (preloaded, `dedup.expired_memory` > 0).
 fn ring() -> Option<&'static Ring> {
     // SAFETY: RING is written only in attach(), in the postmaster before any backend is

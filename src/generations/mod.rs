@@ -456,12 +456,29 @@ pub(crate) unsafe fn scan_rows(
     rel: pg_sys::Relation,
     mut each: impl FnMut(*mut pg_sys::TupleTableSlot),
 ) {
+    scan_rows_while(rel, |slot| {
+        each(slot);
+        true
+    });
+}
+
+/// [`scan_rows`] until `each` returns false.
+///
+/// # Safety
+///
+/// As for [`scan_rows`].
+pub(crate) unsafe fn scan_rows_while(
+    rel: pg_sys::Relation,
+    mut each: impl FnMut(*mut pg_sys::TupleTableSlot) -> bool,
+) {
     let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
     let scan = pg_sys::table_beginscan(rel, snapshot, 0, std::ptr::null_mut());
     let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
     let mut rows = 0u64;
     while pg_sys::table_scan_getnextslot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
-        each(slot);
+        if !each(slot) {
+            break;
+        }
         rows += 1;
         if rows.is_multiple_of(4096) {
             pg_sys::check_for_interrupts!();

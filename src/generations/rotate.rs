@@ -1060,8 +1060,10 @@ fn retire(retention: &Retention) -> Option<String> {
     // to, which it locks as a claim does, so the seal waited for it): one taken over,
     // extended or completed moves to the generation claims go to, so the count can only
     // fall. A lease is never longer than its scope's retention, so one is found here only
-    // after that retention was shortened. (A scan of the generation besides the hand-off's
-    // below, once per pass while it is held back.)
+    // after that retention was shortened. (Its summary, built after the seal, knows the
+    // latest lease_expires_at there: none runs past it, so no scan while that has passed;
+    // otherwise a scan of the generation besides the hand-off's below, once per pass while
+    // it is held back.)
     // Looked at before the publishing lock, whose transaction moves the epoch. A generation
     // held back does not hold back the next one due.
     let mut held = None;
@@ -1113,7 +1115,7 @@ fn retire(retention: &Retention) -> Option<String> {
         "retiring",
     );
     // SAFETY: in the step's transaction, under its guard.
-    let (read, kept) = unsafe { super::summary::pass_to_expired(g.relid, kept_for) };
+    let (read, kept) = unsafe { super::summary::pass_to_expired(g.relid, g.n, kept_for) };
     Some(format!(
         "retired {}: sealed {:.0} s ago, past the retention of each scope of its claims{}",
         g.name(),
@@ -1170,7 +1172,14 @@ fn set_scopes(g: &Row, scopes: &[Option<String>]) {
 }
 
 /// What holds back the retirement of `g`: the leases in it that have not expired, or None.
+/// Read from its summary when that says no lease there runs past now (no scan), else
+/// counted with a scan of the generation.
 fn running_leases(g: &Row) -> Option<String> {
+    // SAFETY: GetCurrentTimestamp reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    if super::summary::built_with(g.relid, g.n).is_some_and(|(until, _)| until <= now) {
+        return None;
+    }
     let (count, until) = Spi::connect_mut(|c| {
         let row = c
             .update(

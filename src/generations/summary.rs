@@ -134,6 +134,10 @@ struct Slot {
     blocks: AtomicU64,
     keys: AtomicU64,
     built_at: AtomicI64,
+    /// The latest `lease_expires_at` of its rows when it was built (µs since 2000;
+    /// i64::MIN: none). A sealed generation gains no lease and none changes there (a lease
+    /// taken over, extended or completed moves out), so no lease in it runs past this.
+    leases_until: AtomicI64,
 }
 
 #[repr(C)]
@@ -574,8 +578,15 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
                     g.n
                 ));
             } else {
-                let hashes = keys_of(rel);
-                done.push(place_filter(area, db, g, &hashes, waiting.max(1)));
+                let (hashes, leases_until) = keys_of(rel);
+                done.push(place_filter(
+                    area,
+                    db,
+                    g,
+                    &hashes,
+                    leases_until,
+                    waiting.max(1),
+                ));
                 // (Another writer may have freed one counted as built since, which this
                 // pass then built, or built one counted as waiting: hence no underflow, at
                 // worst a share a little too large or too small for this pass.)
@@ -601,22 +612,50 @@ fn built(area: &Area, db: u32, g: &Sealed) -> bool {
     })
 }
 
-/// The hashes of every key of `rel` a snapshot taken now sees.
+/// The hashes of every key of `rel` a snapshot taken now sees, and the latest
+/// `lease_expires_at` among them (i64::MIN: none, or a table of 0.2.0's columns).
 ///
 /// # Safety
 ///
 /// `rel` is an open generation table (scope and job_id its first two columns, as
 /// `claim::check_layout` requires); in a transaction, under pgrx's guard.
-unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
+unsafe fn keys_of(rel: pg_sys::Relation) -> (Vec<u64>, i64) {
     // Its columns are a claim table's (scope, job_id first), or an ERROR.
-    crate::claim::check_layout(rel, "dedup: summarising a generation");
-    // SAFETY: scan_rows' contract; the keys' bytes are hashed before the next row.
+    let leases = crate::claim::check_layout(rel, "dedup: summarising a generation")
+        == crate::claim::Layout::Leases;
+    // SAFETY: scan_rows' contract; the keys' bytes are hashed before the next row;
+    // lease_expires_at is the seventh column of the Leases layout, a timestamptz.
     let mut hashes = Vec::new();
+    let mut leases_until = i64::MIN;
     super::scan_rows(rel, |slot| {
         let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
         hashes.push(hash_bytes(scope, job));
+        if leases {
+            let mut null = false;
+            let until = pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut null);
+            if !null {
+                leases_until = leases_until.max(until.value() as i64);
+            }
+        }
     });
-    hashes
+    (hashes, leases_until)
+}
+
+/// The column of `lease_expires_at` in a claim table of 0.3.0's columns on.
+const LEASE_EXPIRES_AT: i32 = 7;
+
+/// The latest `lease_expires_at` in generation `n`, table `relid`, of this database when
+/// its summary was built (i64::MIN: none), and how many claims it had; None without a
+/// summary. No lease in the generation runs past it (see [`Slot`]).
+pub(crate) fn built_with(relid: pg_sys::Oid, n: i32) -> Option<(i64, u64)> {
+    let held = find(relid, n)?;
+    let s = &area()?.slots[held.slot];
+    let read = (
+        s.leases_until.load(Ordering::Relaxed),
+        s.keys.load(Ordering::Relaxed),
+    );
+    fence(Ordering::Acquire);
+    (s.seq.load(Ordering::Relaxed) == held.seq).then_some(read)
 }
 
 /// Pass the claims of a generation being retired to the summaries of expired claims
@@ -631,10 +670,14 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> Vec<u64> {
 /// # Safety
 ///
 /// In a transaction of this database, under pgrx's guard.
-pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (u64, u64) {
+pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, n: i32, longest_secs: f64) -> (u64, u64) {
     if !crate::expired::enabled() {
         return (0, 0);
     }
+    // How many claims its summary was built with: once the summaries of expired claims
+    // are full, the rest are counted as not kept, not read (a generation of millions of
+    // claims, most past what a summary takes, was read whole at each retirement).
+    let total = built_with(relid, n).map(|(_, keys)| keys);
     let rel = pg_sys::try_table_open(relid, pg_sys::AccessShareLock as _);
     if rel.is_null() {
         return (0, 0);
@@ -646,7 +689,11 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (
     // column is processed_at, a timestamptz.
     let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(PASS_BATCH);
     let (mut read, mut kept) = (0u64, 0u64);
-    super::scan_rows(rel, |slot| {
+    let mut stopped = false;
+    super::scan_rows_while(rel, |slot| {
+        if stopped {
+            return false;
+        }
         read += 1;
         let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
         let mut at_null = false;
@@ -664,10 +711,18 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, longest_secs: f64) -> (
         if batch.len() == PASS_BATCH {
             kept += crate::expired::remember(&batch, longest_us);
             batch.clear();
+            stopped = total.is_some_and(|t| t > read)
+                && crate::expired::full(pg_sys::GetCurrentTimestamp());
         }
+        !stopped
     });
     kept += crate::expired::remember(&batch, longest_us);
     pg_sys::table_close(rel, pg_sys::NoLock as _);
+    if stopped {
+        let rest = total.unwrap_or(read).saturating_sub(read);
+        crate::expired::count_not_kept(rest);
+        read += rest;
+    }
     (read, kept)
 }
 
@@ -677,7 +732,14 @@ const PASS_BATCH: usize = 10_000;
 /// Place a filter of `hashes` for generation `g` in a free slot and a gap of the bits, sized
 /// by [`sizing`] with `waiting` generations of this database still to build (`g`
 /// included); what was done.
-fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) -> String {
+fn place_filter(
+    area: &Area,
+    db: u32,
+    g: &Sealed,
+    hashes: &[u64],
+    leases_until: i64,
+    waiting: u64,
+) -> String {
     let Some(_busy) = take(area) else {
         return format!(
             "did not summarise generation {}: another process was changing the summaries",
@@ -750,6 +812,7 @@ fn place_filter(area: &Area, db: u32, g: &Sealed, hashes: &[u64], waiting: u64) 
     slot.offset.store(offset, Ordering::Relaxed);
     slot.blocks.store(want, Ordering::Relaxed);
     slot.keys.store(hashes.len() as u64, Ordering::Relaxed);
+    slot.leases_until.store(leases_until, Ordering::Relaxed);
     // SAFETY: reads the clock.
     slot.built_at
         .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);

@@ -2089,6 +2089,81 @@ pub async fn at_most_four_retentions_have_a_series(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
+/// A retirement reads a generation no more than it needs: with summaries of expired claims
+/// of 64 kB (each takes a few hundred keys), a generation of 25,000 claims (its summary
+/// built at its seal, no lease in it) is retired with one batch of 10,000 of its claims
+/// read, not all of them, and not the scan for running leases: the generation's
+/// `seq_tup_read` is its summary's 25,000 and that batch (75,000 before: the lease scan
+/// and the whole hand-off). The rest are counted as not kept, as if read: the step says
+/// "K of its 25000 claims remembered" and `dedup.expired_summaries()` counts 25,000 - K
+/// not kept.
+pub async fn a_retirement_reads_no_more_than_it_needs(_ctx: Ctx) -> Result<()> {
+    const CLAIMS: i64 = 25_000;
+    let (_cluster, dsn) =
+        server(preloaded("gen-retire-reads").set("dedup.expired_memory", "64kB")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    let mut fresh = 0;
+    for from in (1..=CLAIMS).step_by(10_000) {
+        let to = (from + 9_999).min(CLAIMS);
+        fresh += one::<i64>(
+            &c,
+            &format!(
+                "SELECT count(*) FROM dedup.try_claim_many(array(SELECT 'r-' || g FROM generate_series({from}, {to}) AS g))"
+            ),
+        )
+        .await?;
+    }
+    ensure_eq(fresh, CLAIMS, "new claims")?;
+    short_retention(&dsn).await?;
+    let a = admin(&dsn).await?;
+    rotate_until(&a, g1, "sealed", 10).await?;
+    let relid: u32 = one(&a, &format!("SELECT 'dedup.processed_{g1}'::regclass::oid")).await?;
+    let summaries = summary_rows(&a).await?;
+    if !summaries.iter().any(|(n, built, _, _)| *n == g1 && *built) {
+        bail!("generation {g1} has no summary once sealed: {summaries:?}");
+    }
+    let said = rotate_until(&a, g1, "retired", 20).await?;
+    let retired = said
+        .iter()
+        .find(|s| s.contains(&format!("retired dedup.processed_{g1}")))
+        .with_context(|| format!("no step said it retired generation {g1}: {said:?}"))?
+        .to_string();
+    let tail = format!(" of its {CLAIMS} claims remembered");
+    let kept: i64 = retired
+        .find(&tail)
+        .and_then(|at| retired[..at].rsplit(' ').next())
+        .and_then(|k| k.parse().ok())
+        .with_context(|| format!("no \"K{tail}\" in {retired:?}"))?;
+    if kept <= 0 || kept >= CLAIMS {
+        bail!("the retirement said {retired:?}");
+    }
+    let not_kept: i64 = one(
+        &a,
+        "SELECT sum(not_kept)::bigint FROM dedup.expired_summaries()",
+    )
+    .await?;
+    ensure_eq(
+        not_kept,
+        CLAIMS - kept,
+        "claims not kept by the full summary",
+    )?;
+    a.batch_execute("SELECT pg_stat_force_next_flush()").await?;
+    a.batch_execute("SELECT 1").await?;
+    let read: i64 = one(
+        &connect(&dsn).await?,
+        &format!("SELECT seq_tup_read FROM pg_stat_all_tables WHERE relid = {relid}"),
+    )
+    .await?;
+    if read > CLAIMS + 10_000 {
+        bail!("generation {g1}'s table had {read} rows read by scans: its summary's {CLAIMS} and at most a batch of 10000 for the retirement were expected");
+    }
+    println!("  {retired}; {read} rows read by scans of generation {g1}");
+    Ok(())
+}
+
 /// Leases and claims of the same jobs race while generations are published every 50 ms:
 /// eight sessions, for each of 150 jobs two `lease` calls and two `try_claim`s (in
 /// transactions of their own, committed), half of the jobs leased first with a lease that
