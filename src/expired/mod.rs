@@ -249,6 +249,12 @@ pub fn full(now: i64) -> bool {
     started != 0 && now < started + width && slot.keys.load(Ordering::Acquire) >= ring.capacity
 }
 
+/// The earliest expiry (µs since 2000) a claim [`remember`]ed at `now` may have: those
+/// that expired before are past the look-back, and left out.
+pub fn lookback_start(now: i64) -> i64 {
+    ring().map_or(i64::MIN, |ring| now - lookback(ring))
+}
+
 /// Count `n` claims a full summary did not take, in `not_kept`, as [`remember`] counts
 /// each (a pass that stopped reading them once [`full`]).
 pub fn count_not_kept(n: u64) {

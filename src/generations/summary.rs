@@ -564,7 +564,21 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
     // sync: not read again for that.)
     let mut waiting = files.iter().filter(|(g, _)| !built(area, db, g)).count() as u64;
     for (g, rel) in files {
-        if !built(area, db, g) {
+        // Not by a transaction that deleted from the generation (a `forget`, a lease moved
+        // out, in the caller's transaction of rotate_generations()): its snapshot does not
+        // see the rows it deleted, which come back if it rolls back, and a filter without
+        // them would tell a claim of their jobs that they are not there. The next pass
+        // builds it. (A delete of another transaction in progress is seen: its rows are
+        // read.)
+        if !built(area, db, g)
+            && pg_sys::CheckRelationOidLockedByMe(g.relid, pg_sys::RowExclusiveLock as _, true)
+        {
+            done.push(format!(
+                "did not summarise generation {}: this transaction changed it (a later pass \
+                 builds it)",
+                g.n
+            ));
+        } else if !built(area, db, g) {
             // Not read at every pass when it cannot fit: a table whose row count is known
             // (VACUUM and ANALYZE set it) and needs more than the free blocks even at
             // MIN_BITS_PER_KEY is left alone.
@@ -632,7 +646,7 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> (Vec<u64>, i64) {
         hashes.push(hash_bytes(scope, job));
         if leases {
             let mut null = false;
-            let until = pg_sys::slot_getattr(slot, LEASE_EXPIRES_AT, &mut null);
+            let until = pg_sys::slot_getattr(slot, crate::claim::LEASE_EXPIRES_AT, &mut null);
             if !null {
                 leases_until = leases_until.max(until.value() as i64);
             }
@@ -640,9 +654,6 @@ unsafe fn keys_of(rel: pg_sys::Relation) -> (Vec<u64>, i64) {
     });
     (hashes, leases_until)
 }
-
-/// The column of `lease_expires_at` in a claim table of 0.3.0's columns on.
-const LEASE_EXPIRES_AT: i32 = 7;
 
 /// The latest `lease_expires_at` in generation `n`, table `relid`, of this database when
 /// its summary was built (i64::MIN: none), and how many claims it had; None without a
@@ -663,8 +674,10 @@ pub(crate) fn built_with(relid: pg_sys::Oid, n: i32) -> Option<(i64, u64)> {
 /// looks in the generation, so a copy of one of its jobs that comes later runs again, and
 /// is counted in `expired_duplicates` (measured from the claim's `processed_at` plus
 /// `longest_secs`, the retention the generation was kept for). Read in batches with a
-/// snapshot taken now; how many claims it read, and how many the summaries took (the
-/// others were past the look-back, or the current summary was full). Nothing without the
+/// snapshot taken now, until the summary in use is full after a batch wholly inside the
+/// look-back (then the rest, by the generation's summary's count, are counted as not kept
+/// unread); how many claims it had, and how many the summaries took (the others were past
+/// the look-back, or the current summary was full). Nothing without the
 /// ring (`dedup.expired_memory = 0`) or with `dedup.expired_lookback = 0`.
 ///
 /// # Safety
@@ -676,8 +689,12 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, n: i32, longest_secs: f
     }
     // How many claims its summary was built with: once the summaries of expired claims
     // are full, the rest are counted as not kept, not read (a generation of millions of
-    // claims, most past what a summary takes, was read whole at each retirement).
-    let total = built_with(relid, n).map(|(_, keys)| keys);
+    // claims, most past what a summary takes, was read whole at each retirement). Not for
+    // generation 0, dedup.processed, from which the pruner deletes (claims it passed to
+    // the summaries already) until its truncation: its summary's count is too high.
+    let total = (n != 0)
+        .then(|| built_with(relid, n).map(|(_, keys)| keys))
+        .flatten();
     let rel = pg_sys::try_table_open(relid, pg_sys::AccessShareLock as _);
     if rel.is_null() {
         return (0, 0);
@@ -690,10 +707,8 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, n: i32, longest_secs: f
     let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(PASS_BATCH);
     let (mut read, mut kept) = (0u64, 0u64);
     let mut stopped = false;
+    let mut earliest = i64::MAX;
     super::scan_rows_while(rel, |slot| {
-        if stopped {
-            return false;
-        }
         read += 1;
         let (scope, job) = (text_bytes(slot, 1), text_bytes(slot, 2));
         let mut at_null = false;
@@ -706,13 +721,20 @@ pub(crate) unsafe fn pass_to_expired(relid: pg_sys::Oid, n: i32, longest_secs: f
             at_null,
         ) {
             let expiry = (at.value() as i64).saturating_add(longest_us);
+            earliest = earliest.min(expiry);
             batch.push((scope.to_string(), job.to_string(), expiry));
         }
         if batch.len() == PASS_BATCH {
             kept += crate::expired::remember(&batch, longest_us);
             batch.clear();
+            // Only once a whole batch was inside the look-back (the rows after it, inserted
+            // later, expire later), so that the rest counted as not kept are those a read
+            // would have counted so.
+            let now = pg_sys::GetCurrentTimestamp();
             stopped = total.is_some_and(|t| t > read)
-                && crate::expired::full(pg_sys::GetCurrentTimestamp());
+                && earliest >= crate::expired::lookback_start(now)
+                && crate::expired::full(now);
+            earliest = i64::MAX;
         }
         !stopped
     });

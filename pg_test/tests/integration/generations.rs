@@ -2164,6 +2164,70 @@ pub async fn a_retirement_reads_no_more_than_it_needs(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
+/// A summary is not built by a transaction that deleted from its generation: its snapshot
+/// does not see the rows it deleted, which come back when it rolls back, and a summary
+/// without them would let a claim of their jobs through. Here generation 1 holds `x` and
+/// has no summary (the server restarted since its seal); a superuser's transaction forgets
+/// `x` and calls `rotate_generations()`, which says it did not summarise generation 1, then
+/// rolls back: a copy of `x` is still a duplicate, and the next step builds the summary
+/// with `x`. (Before the fix the summary was built without `x`, and the copy was claimed.)
+pub async fn a_summary_is_not_built_by_a_transaction_that_deleted_from_its_generation(
+    _ctx: Ctx,
+) -> Result<()> {
+    let (mut cluster, dsn) = server(preloaded("gen-summary-rollback")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('x')").await?,
+        true,
+        "the claim of x",
+    )?;
+    publish(&a).await?;
+    settle(&a).await?;
+    drop((a, c));
+    tokio::task::block_in_place(|| -> Result<()> {
+        cluster.stop("fast")?;
+        cluster.start_again()
+    })?;
+    let a = admin(&dsn).await?;
+    let summaries = summary_rows(&a).await?;
+    if summaries.iter().any(|(n, built, _, _)| *n == g1 && *built) {
+        bail!("generation {g1} has a summary after the restart: {summaries:?}");
+    }
+    a.batch_execute("BEGIN").await?;
+    ensure_eq(
+        one::<bool>(&a, "SELECT dedup.forget('x')").await?,
+        true,
+        "forget('x')",
+    )?;
+    let said = rotate(&a).await?;
+    a.batch_execute("ROLLBACK").await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('x')").await?,
+        false,
+        &format!(
+            "a copy of x after the forget rolled back (the step in its transaction said {said:?})"
+        ),
+    )?;
+    if !said.contains(&format!(
+        "did not summarise generation {g1}: this transaction changed it"
+    )) {
+        bail!("the step in the transaction that forgot x said {said:?}");
+    }
+    let said = rotate(&a).await?;
+    if !said.contains(&format!("summarised generation {g1}: 1 claim")) {
+        bail!("the next step said {said:?}");
+    }
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('x')").await?,
+        false,
+        "a copy of x with generation 1 summarised",
+    )
+}
+
 /// Leases and claims of the same jobs race while generations are published every 50 ms:
 /// eight sessions, for each of 150 jobs two `lease` calls and two `try_claim`s (in
 /// transactions of their own, committed), half of the jobs leased first with a lease that
