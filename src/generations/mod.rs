@@ -669,3 +669,60 @@ pub(crate) unsafe fn open(
     }
     Some(rel)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn current(n: i32, secs: Option<i128>) -> (Generation, Option<i128>) {
+        (
+            Generation {
+                n,
+                relid: pg_sys::Oid::from(16384 + n as u32),
+                sealed: false,
+            },
+            secs.map(|s| s * 1_000_000),
+        )
+    }
+
+    #[test]
+    fn a_retention_without_a_series_goes_to_the_shortest_longer_one_else_the_longest() {
+        let currents = [
+            current(7, Some(60)),
+            current(6, Some(3600)),
+            current(5, Some(30)),
+        ];
+        let at = |secs: i128| currents[nearest(&currents, secs * 1_000_000)].0.n;
+        assert_eq!(at(60), 7, "its own series");
+        assert_eq!(at(10), 5, "the shortest longer: 30 s");
+        assert_eq!(at(45), 7, "the shortest longer: 60 s");
+        assert_eq!(at(86_400), 6, "none longer: the longest");
+        // Generation 0 (no series) is never chosen while a series is there.
+        let with_zero = [current(0, None), current(1, Some(60))];
+        assert_eq!(with_zero[nearest(&with_zero, 10_000_000)].0.n, 1);
+    }
+
+    #[test]
+    fn a_claim_looks_in_every_generation_but_the_one_it_inserts_into() {
+        let sealed = Generation {
+            n: 2,
+            relid: pg_sys::Oid::from(16386),
+            sealed: true,
+        };
+        let list = List {
+            currents: vec![current(4, Some(60)), current(3, Some(30))],
+            others: vec![sealed],
+            routes: std::collections::HashMap::from([("short".to_string(), 1)]),
+            default: 0,
+        };
+        assert_eq!(list.current(list.current_for("short")).n, 3);
+        assert_eq!(list.current(list.current_for("any")).n, 4);
+        let others = |scope: &str| {
+            list.others_for(list.current_for(scope))
+                .map(|g| g.n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(others("short"), vec![4, 2]);
+        assert_eq!(others("any"), vec![3, 2]);
+    }
+}

@@ -1068,6 +1068,9 @@ fn retire(retention: &Retention) -> Option<String> {
     // held back does not hold back the next one due.
     let mut held = None;
     let mut free = None;
+    // One generation's scopes read per step: the recording takes the publishing lock, held
+    // to the step's end, which another scan would hold the longer.
+    let mut recorded = false;
     for g in candidates {
         let sealed_for = g.sealed_for.unwrap_or(0.0);
         // The retention its claims were kept for: the longest of its scopes'.
@@ -1075,7 +1078,9 @@ fn retire(retention: &Retention) -> Option<String> {
         if sealed_for < retention.longest {
             let scopes = match &g.scopes {
                 Some(scopes) => scopes.clone(),
+                None if recorded => continue,
                 None => {
+                    recorded = true;
                     let scopes = scopes_of(&g);
                     epoch::publishing();
                     let g = reread(&g)?;
