@@ -354,6 +354,8 @@ unsafe fn insert_claims_from(
         error::claim_while_publishing(func);
     }
     let (epoch, gens) = crate::generations::list(func);
+    // The current generation of the scope's series, which the claim inserts into.
+    let route = gens.as_ref().map_or(0, |list| list.current_for(scope));
     // SAFETY: open_processed and generations::open (in a transaction, under the guard)
     // return the claim table open with RowExclusiveLock: `rel` points to its relcache
     // entry, valid until the table_close at the end of this function (or the
@@ -361,8 +363,8 @@ unsafe fn insert_claims_from(
     let rel = match &gens {
         None => open_processed(),
         Some(list) => {
-            let current = list.current(list.current_for(scope));
-            match crate::generations::open(current, pg_sys::RowExclusiveLock as _, func) {
+            match crate::generations::open(list.current(route), pg_sys::RowExclusiveLock as _, func)
+            {
                 Some(rel) => rel,
                 None => return stale(func, epoch, start),
             }
@@ -424,7 +426,7 @@ unsafe fn insert_claims_from(
     )> = Vec::new();
     let mut restart = None;
     if let Some(list) = &gens {
-        for g in list.others_for(list.current_for(scope)) {
+        for g in list.others_for(route) {
             if g.sealed {
                 if let Some(held) = crate::generations::summary::find(g.relid, g.n) {
                     unopened.push((*g, held));

@@ -294,25 +294,35 @@ pub(crate) unsafe fn lease_tables(func: &str, scope: &str) -> Option<Vec<String>
     }
 }
 
-/// The OIDs of the schema `dedup` and of `dedup.generations` (InvalidOid: no such table,
-/// the extension's SQL is older than 0.7.0).
+/// The OID of `dedup.generations` (InvalidOid: no such table, the extension's SQL is older
+/// than 0.7.0).
 ///
 /// # Safety
 ///
 /// In a transaction (syscache lookups), under pgrx's guard.
 unsafe fn catalog_relid() -> pg_sys::Oid {
-    // SAFETY: the names are 'static NUL-terminated strings the lookups only read;
+    extension_relid(c"generations")
+}
+
+/// The OID of the table `dedup.<name>` if it is the extension's own (InvalidOid
+/// otherwise: missing, or made by someone in a schema dedup that is not the extension's).
+///
+/// # Safety
+///
+/// In a transaction (syscache lookups), under pgrx's guard.
+pub(crate) unsafe fn extension_relid(name: &std::ffi::CStr) -> pg_sys::Oid {
+    // SAFETY: the names are NUL-terminated strings the lookups only read;
     // get_namespace_oid with missing_ok returns InvalidOid for a missing schema.
     let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
     if nsp == pg_sys::InvalidOid {
         return pg_sys::InvalidOid;
     }
-    let relid = pg_sys::get_relname_relid(c"generations".as_ptr(), nsp);
+    let relid = pg_sys::get_relname_relid(name.as_ptr(), nsp);
     if relid == pg_sys::InvalidOid {
         return relid;
     }
-    // Only the extension's own catalog counts: a table of that name someone made in a
-    // schema dedup that is not the extension's would otherwise route claims.
+    // Only the extension's own table counts: one of that name someone made in a schema
+    // dedup that is not the extension's would otherwise route claims.
     let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
     if ext == pg_sys::InvalidOid
         || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != ext
@@ -415,14 +425,9 @@ unsafe fn load(func: &str) -> Option<List> {
 ///
 /// As for [`list`].
 unsafe fn scope_retentions() -> Vec<(String, i128)> {
-    // SAFETY: as in catalog_relid and load.
-    let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
-    let relid = pg_sys::get_relname_relid(c"scope_retention".as_ptr(), nsp);
-    let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
-    if relid == pg_sys::InvalidOid
-        || ext == pg_sys::InvalidOid
-        || pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) != ext
-    {
+    // SAFETY: as in load.
+    let relid = extension_relid(c"scope_retention");
+    if relid == pg_sys::InvalidOid {
         return Vec::new();
     }
     let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);

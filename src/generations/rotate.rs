@@ -135,7 +135,7 @@ pub(crate) fn step(force_publish: bool) -> String {
     if !in_use() {
         return "nothing: this database does not use generations".to_string();
     }
-    let retention = Retention::now();
+    let retention = std::cell::OnceCell::new();
     let kinds: &[Kind] = if force_publish {
         &[Kind::Seal, Kind::Publish]
     } else {
@@ -316,7 +316,9 @@ fn rotate_step(step: Option<&str>) -> Vec<String> {
         error::generations_on_citus(F);
     }
     match kind {
-        Some(kind) => run(kind, false, &Retention::now()).into_iter().collect(),
+        Some(kind) => run(kind, false, &std::cell::OnceCell::new())
+            .into_iter()
+            .collect(),
         None => summarise(),
     }
 }
@@ -407,13 +409,18 @@ impl Kind {
     }
 }
 
-/// One step of `kind` if there is one to do or to report (inside a transaction).
-fn run(kind: Kind, force_publish: bool, retention: &Retention) -> Option<String> {
+/// One step of `kind` if there is one to do or to report (inside a transaction). The
+/// retentions in force are read for the steps that use them (retire, publish), once.
+fn run(
+    kind: Kind,
+    force_publish: bool,
+    retention: &std::cell::OnceCell<Retention>,
+) -> Option<String> {
     match kind {
         Kind::Seal => seal(),
         Kind::Drop => drop_retired(),
-        Kind::Retire => retire(retention),
-        Kind::Publish => publish(retention, force_publish),
+        Kind::Retire => retire(retention.get_or_init(Retention::now)),
+        Kind::Publish => publish(retention.get_or_init(Retention::now), force_publish),
     }
 }
 
@@ -449,8 +456,6 @@ fn width(secs: f64) -> f64 {
 struct Retention {
     /// The longest, in seconds.
     longest: f64,
-    /// `dedup.retention`'s, in seconds: the retention of a scope with none of its own.
-    default_secs: f64,
     /// The series of `dedup.retention`.
     default: Series,
     /// The retentions in force that have a series, each once (as PostgreSQL's `=` on
@@ -515,10 +520,9 @@ impl Retention {
             .iter()
             .map(|s| s.secs)
             .chain(scopes.values().copied())
-            .fold(default_secs, f64::max);
+            .fold(default.secs, f64::max);
         Retention {
             longest,
-            default_secs,
             default,
             series,
             scopes,
@@ -527,7 +531,7 @@ impl Retention {
 
     /// The retention of `scope` in seconds: its own, else `dedup.retention`'s.
     fn of(&self, scope: &str) -> f64 {
-        self.scopes.get(scope).copied().unwrap_or(self.default_secs)
+        self.scopes.get(scope).copied().unwrap_or(self.default.secs)
     }
 
     /// The series of span `span`, if it is in force.
@@ -673,20 +677,8 @@ fn change_row(query: &str, n: i32, what: &str) {
 /// Does this database use generations: the extension's `dedup.generations` exists and has
 /// a row (inside a transaction).
 fn in_use() -> bool {
-    // SAFETY: syscache lookups in the caller's transaction, under its guard; InvalidOid for
-    // what is missing; the names are 'static NUL-terminated strings they only read.
-    let catalog = unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"dedup".as_ptr(), true);
-        let relid = if nsp == pg_sys::InvalidOid {
-            pg_sys::InvalidOid
-        } else {
-            pg_sys::get_relname_relid(c"generations".as_ptr(), nsp)
-        };
-        let ext = pg_sys::get_extension_oid(c"dedup".as_ptr(), true);
-        relid != pg_sys::InvalidOid
-            && ext != pg_sys::InvalidOid
-            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, relid) == ext
-    };
+    // SAFETY: syscache lookups in the caller's transaction, under its guard.
+    let catalog = unsafe { super::extension_relid(c"generations") } != pg_sys::InvalidOid;
     catalog
         && Spi::connect(|c| {
             c.select("SELECT EXISTS (SELECT FROM dedup.generations)", None, &[])?

@@ -570,42 +570,42 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         // them would tell a claim of their jobs that they are not there. The next pass
         // builds it. (A delete of another transaction in progress is seen: its rows are
         // read.)
-        if !built(area, db, g)
-            && pg_sys::CheckRelationOidLockedByMe(g.relid, pg_sys::RowExclusiveLock as _, true)
-        {
-            done.push(format!(
-                "did not summarise generation {}: this transaction changed it (a later pass \
-                 builds it)",
-                g.n
-            ));
-        } else if !built(area, db, g) {
-            // Not read at every pass when it cannot fit: a table whose row count is known
-            // (VACUUM and ANALYZE set it) and needs more than the free blocks even at
-            // MIN_BITS_PER_KEY is left alone.
-            let estimate = (*(*rel).rd_rel).reltuples;
-            if estimate > 0.0
-                && !room_for(area, blocks_for((estimate * 0.9) as u64, MIN_BITS_PER_KEY))
-            {
+        if !built(area, db, g) {
+            if pg_sys::CheckRelationOidLockedByMe(g.relid, pg_sys::RowExclusiveLock as _, true) {
                 done.push(format!(
-                    "did not summarise generation {} (about {estimate:.0} claims): no free \
-                     summary, or no room in dedup.generation_memory; {UNSUMMARISED}",
+                    "did not summarise generation {}: this transaction changed it (a later \
+                     pass builds it)",
                     g.n
                 ));
             } else {
-                let (hashes, leases_until) = keys_of(rel);
-                done.push(place_filter(
-                    area,
-                    db,
-                    g,
-                    &hashes,
-                    leases_until,
-                    waiting.max(1),
-                ));
-                // (Another writer may have freed one counted as built since, which this
-                // pass then built, or built one counted as waiting: hence no underflow, at
-                // worst a share a little too large or too small for this pass.)
-                if built(area, db, g) {
-                    waiting = waiting.saturating_sub(1);
+                // Not read at every pass when it cannot fit: a table whose row count is known
+                // (VACUUM and ANALYZE set it) and needs more than the free blocks even at
+                // MIN_BITS_PER_KEY is left alone.
+                let estimate = (*(*rel).rd_rel).reltuples;
+                if estimate > 0.0
+                    && !room_for(area, blocks_for((estimate * 0.9) as u64, MIN_BITS_PER_KEY))
+                {
+                    done.push(format!(
+                        "did not summarise generation {} (about {estimate:.0} claims): no free \
+                         summary, or no room in dedup.generation_memory; {UNSUMMARISED}",
+                        g.n
+                    ));
+                } else {
+                    let (hashes, leases_until) = keys_of(rel);
+                    done.push(place_filter(
+                        area,
+                        db,
+                        g,
+                        &hashes,
+                        leases_until,
+                        waiting.max(1),
+                    ));
+                    // (Another writer may have freed one counted as built since, which this
+                    // pass then built, or built one counted as waiting: hence no underflow, at
+                    // worst a share a little too large or too small for this pass.)
+                    if built(area, db, g) {
+                        waiting = waiting.saturating_sub(1);
+                    }
                 }
             }
         }
