@@ -81,6 +81,9 @@ AS 'MODULE_PATHNAME', 'rotate_step_wrapper';
 -- drop). waits: the transactions a seal or drop waits for, as the rotation stored them
 -- ('truncated' for generation 0 once dedup.processed is truncated). retention: the series.
 -- scopes: the scopes of a sealed generation's claims, once its retirement needed them.
+-- routes: the scopes whose claims a current generation takes (a NULL element: every scope
+-- no other current generation names), written at publication only, so that a claim looks
+-- in no other series' current generation (see its comment).
 CREATE TABLE dedup.generations (
     n          pg_catalog.int4 NOT NULL CHECK (n OPERATOR(pg_catalog.>=) 0),
     relname    pg_catalog.name NOT NULL,
@@ -94,6 +97,7 @@ CREATE TABLE dedup.generations (
     waits      pg_catalog.text,
     retention  pg_catalog.interval,
     scopes     pg_catalog.text[],
+    routes     pg_catalog.text[],
     CONSTRAINT generations_pkey PRIMARY KEY (n),
     CONSTRAINT generations_relname_key UNIQUE (relname)
 );
@@ -107,6 +111,8 @@ COMMENT ON COLUMN dedup.generations.retention IS
     'The series of the generation: the retention in force (dedup.retention, or a scope''s own in dedup.scope_retention) whose claims it takes, a quarter of which is its width; each retention in force has one current generation. NULL for generation 0 (dedup.processed), kept for the longest retention in force.';
 COMMENT ON COLUMN dedup.generations.scopes IS
     'The scopes of the claims in a sealed generation, looked for once its series'' retention has passed while a longer one is in force: it is retired once each of these scopes'' retentions has passed. NULL: not looked for yet; a NULL element: more than 1000 scopes, kept for the longest retention in force.';
+COMMENT ON COLUMN dedup.generations.routes IS
+    'The scopes whose claims a current generation takes, as the rotation published them: the scopes with a retention of their own routed to its series, and a NULL element in the generation of dedup.retention''s series, which takes every scope no other current generation names. A scope leaves a series only with a publication away from that series'' current generation, so a claim looks in no other series'' current generation. Kept as it was once the generation is no longer current.';
 COMMENT ON COLUMN dedup.generations.waits IS
     'The transactions the rotation''s seal or drop waits for, as it stored them (truncated: generation 0 once dedup.processed is truncated); NULL when none.';
 
@@ -166,7 +172,7 @@ COMMENT ON FUNCTION dedup.claims() IS
 -- The tables a claim may be in, for dedup.forget (src/lease.rs): an internal function.
 REVOKE ALL ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) FROM PUBLIC;
 COMMENT ON FUNCTION dedup._claim_tables(pg_catalog.text, pg_catalog.text, pg_catalog.text) IS
-'Internal: the checks of a claim function, then the tables a claim of the job may be in (every generation, newest first, each locked in share mode; dedup.processed where generations are not used). Not granted to PUBLIC.';
+'Internal: the checks of a claim function, then the tables a claim of the job may be in (its scope''s current generation and every sealing and sealed one, newest first, each locked in share mode; dedup.processed where generations are not used). Not granted to PUBLIC.';
 
 -- The library's functions of the generations (src/generations/rotate.rs): a superuser's
 -- only (each checks it too, 42501).

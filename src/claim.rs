@@ -426,7 +426,7 @@ unsafe fn insert_claims_from(
     )> = Vec::new();
     let mut restart = None;
     if let Some(list) = &gens {
-        for g in list.others_for(route) {
+        for g in list.others() {
             if g.sealed {
                 if let Some(held) = crate::generations::summary::find(g.relid, g.n) {
                     unopened.push((*g, held));
@@ -816,12 +816,9 @@ unsafe fn speculative_claim(
         let recheck = compat::insert_index_tuples(rri, slot, estate, &mut spec_conflict, arbiters);
         // The cross-check (design, "The claim protocol", step 2): between the index insert
         // and the confirmation, read the epoch again and look for the key in every other
-        // generation. Every other generation is older than the current one, or the current
-        // one of another series, and this claimer always gives way: it kills its row and
-        // releases its token before any wait. (Two claimers of one key into two series'
-        // current generations, each finding the other's row, both give way and start the
-        // key over: neither is granted; the check before the retry's insert finds the row
-        // of whichever inserts first and waits for it.)
+        // generation. Every other generation is sealing or sealed (a claim looks in no other
+        // series' current generation: `generations::List`), and this claimer always gives
+        // way: it kills its row and releases its token before any wait.
         let mut crossed = None;
         if !spec_conflict {
             if let Some(epoch) = gens.epoch {

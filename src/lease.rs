@@ -44,8 +44,9 @@ fn claim_tables_sql(func: Option<&str>, job_id: Option<&str>, scope: Option<&str
 /// `dedup._lease_tables(func, job_id, scope, fingerprint)`: the checks of
 /// `dedup._check_claim`, then the tables a lease function looks for the job in: NULL where
 /// the database does not use generations (the function uses `dedup.processed`, and
-/// `use_generations()` waits for this transaction), every generation's otherwise, newest
-/// first, each locked to the end of the transaction: the first, the one claims go to, as a
+/// `use_generations()` waits for this transaction), otherwise the current generation of the
+/// scope's series and every sealing and sealed one (not another series' current one: a
+/// claim of the scope is never there, `generations::List`), newest first, each locked to the end of the transaction: the first, the one claims go to, as a
 /// claim locks it (`ROW EXCLUSIVE`, which the seal waits for), the others in share mode
 /// (`generations::lease_tables`).
 #[pg_extern(name = "_lease_tables", volatile, parallel_unsafe)]

@@ -148,7 +148,17 @@
  *     lock earlier: that only delays the seal and is not modelled.
  *   - Registration on N is not tracked: nothing waits on it (there is no later rotation).
  *
- * TWO SERIES (-DSERIES; not with -DEPOCH): O and N are the current generations of two
+ * A SCOPE'S MOVE TO ANOTHER SERIES (src/generations/rotate.rs, publish): the worker moves a
+ * scope's route (dedup.generations.routes) only by publishing away from the current
+ * generation the scope leaves, in the transaction that writes the new routes, and a claim
+ * looks in no other series' current generation. For the keys of that scope this is the
+ * -DEPOCH configuration: O is the generation left (sealing, then sealed), N the current
+ * generation of the series it goes to, which holds none of its claims (a scope that left
+ * a current generation earlier published it away then); a list {O} is the old routes (N,
+ * another series' current generation, is not looked in), {O, N} the new ones.
+ *
+ * TWO SERIES (-DSERIES; not with -DEPOCH): the design before the routes were published.
+ * O and N are the current generations of two
  * series (two retentions), O opened before N, so O is "older" in the order that decides
  * who gives way, and both are in every claimer's list from the start. A claimer's scope
  * belongs to either series, and a retention changed at any time moves it from one to the
@@ -157,7 +167,9 @@
  * to the *older* generation, which no publication does. There is no rotator (neither
  * generation is sealed while it is current: the seal of either is the one-series protocol
  * above). Step 4 cross-checks the other series' generation as it does the other
- * generation of one series.
+ * generation of one series. Sound (no error found), but each claim then probes every
+ * series' current generation; -DOWN_SERIES_ONLY below is why a claim may look only in its
+ * own series once the routes move only with a publication, and not before.
  *
  * MUTATIONS (each must fail; scripts/model.sh checks that pan finds the error named)
  *

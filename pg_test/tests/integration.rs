@@ -148,6 +148,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::a_running_lease_holds_back_its_generations_retirement,
     generations::a_scope_with_its_own_retention_has_a_series_of_its_own,
     generations::at_most_four_retentions_have_a_series,
+    generations::a_route_moves_only_with_a_publication,
     generations::a_retirement_reads_no_more_than_it_needs,
     generations::a_summary_is_not_built_by_a_transaction_that_deleted_from_its_generation,
     generations::a_lease_change_in_flight_across_a_publication,

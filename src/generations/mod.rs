@@ -58,10 +58,14 @@ pub(crate) struct Generation {
 /// The generations a claim uses: the current one of each series (one per retention in
 /// force, `rotate.rs`), and the others still read (sealing and sealed), newest first. A
 /// retired generation is not in it. A claim inserts into the current generation of its
-/// scope's series ([`List::current_for`]) and looks in all the others
-/// ([`List::others_for`]): any choice of current generation is sound, so long as every
-/// claim looks in every live generation (the model's `SERIES` configuration), so the routes
-/// need not be published under the epoch.
+/// scope's series ([`List::current_for`]) and looks in the sealing and sealed ones
+/// ([`List::others`]), not in another series' current generation: the routes are
+/// published with the list (`dedup.generations.routes`), and a scope leaves a series only
+/// with a publication away from that series' current generation (`rotate.rs`), so a
+/// current generation holds claims only of scopes routed to it since it became current.
+/// For one key, a scope's move from one series to another is then a publication as the
+/// one-series protocol has it (the model's `EPOCH` configuration): the generation it left
+/// is sealing, the one it goes to has none of its claims.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct List {
     /// The current generation of each series, newest first, with its series' retention as
@@ -69,22 +73,18 @@ pub(crate) struct List {
     /// generation 0, current only inside `use_generations()`).
     pub(crate) currents: Vec<(Generation, Option<i128>)>,
     pub(crate) others: Vec<Generation>,
-    /// The scopes of `dedup.scope_retention` whose claims go to a current generation other
-    /// than `default`'s, as read with the list: the index into `currents`.
+    /// The scopes named in the routes of a current generation other than `default`'s, as
+    /// published with the list: the index into `currents`.
     routes: std::collections::HashMap<String, usize>,
-    /// The index into `currents` of the series of `dedup.retention` (or the nearest).
+    /// The index into `currents` of the generation whose routes have a NULL element (the
+    /// series of `dedup.retention`): every scope not in `routes` goes there.
     default: usize,
 }
 
 impl List {
-    /// The index into `currents` of the generation a claim of `scope` inserts into: its
-    /// series', the series of its retention (`dedup.scope_retention` as of the list's read,
-    /// else `dedup.retention`), or the nearest series if that one has no current generation
-    /// yet.
+    /// The index into `currents` of the generation a claim of `scope` inserts into, as the
+    /// routes published with the list have it.
     pub(crate) fn current_for(&self, scope: &str) -> usize {
-        if self.routes.is_empty() {
-            return self.default;
-        }
         self.routes.get(scope).copied().unwrap_or(self.default)
     }
 
@@ -93,33 +93,25 @@ impl List {
         self.currents[i].0
     }
 
-    /// Every generation a claim into `currents[i]` looks in: the other series' current
-    /// generations, then the sealing and sealed ones, newest first.
-    pub(crate) fn others_for(&self, i: usize) -> impl Iterator<Item = &Generation> {
-        self.currents
-            .iter()
-            .enumerate()
-            .filter(move |(j, _)| *j != i)
-            .map(|(_, (g, _))| g)
-            .chain(self.others.iter())
+    /// Every generation a claim looks in besides the current one it inserts into: the
+    /// sealing and sealed ones, newest first (not another series' current generation: see
+    /// [`List`]).
+    pub(crate) fn others(&self) -> impl Iterator<Item = &Generation> {
+        self.others.iter()
     }
 }
 
-/// The index into `currents` of the series of retention `span` (µs), or of the nearest: the
-/// shortest longer one, else the longest (a claim kept longer than its retention, never
-/// less: `rotate.rs` retires a generation by the retentions of the scopes in it).
-fn nearest(currents: &[(Generation, Option<i128>)], span: i128) -> usize {
-    let spans = || {
-        currents
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (_, s))| s.map(|s| (i, s)))
-    };
-    spans()
+/// Which of `spans` (an index and a retention as a span in µs, PostgreSQL's interval
+/// comparison) a retention of `span` goes to: its own, else the nearest: the shortest longer
+/// one, else the longest (a claim kept longer than its retention, never less: `rotate.rs`
+/// retires a generation by the retentions of the scopes in it). None if `spans` is empty.
+pub(crate) fn nearest(spans: &[(usize, i128)], span: i128) -> Option<usize> {
+    spans
+        .iter()
         .filter(|(_, s)| *s >= span)
         .min_by_key(|(_, s)| *s)
-        .or_else(|| spans().max_by_key(|(_, s)| *s))
-        .map_or(0, |(i, _)| i)
+        .or_else(|| spans.iter().max_by_key(|(_, s)| *s))
+        .map(|(i, _)| *i)
 }
 
 /// This backend's copy of the list: the database, the epoch it was read at, and the list
@@ -185,7 +177,7 @@ pub(crate) unsafe fn list(func: &str) -> (Option<u64>, Option<Rc<List>>) {
 /// The tables of this database's generations (`dedup.processed_<n>`, and `dedup.processed`
 /// for generation 0 while it is not retired), each opened and checked to be the table its
 /// row names ([`open`]): first the current one of `scope`'s series with `current_mode`,
-/// then the others as a claim looks in them ([`List::others_for`]) with AccessShareLock;
+/// then the others as a claim looks in them ([`List::others`]) with AccessShareLock;
 /// the lock is kept to the end of the transaction, so none is dropped under a read that
 /// follows. A generation dropped since the list was read is left out: it
 /// had been retired, its claims expired. None: the database does not use generations.
@@ -205,10 +197,7 @@ pub(crate) unsafe fn tables(
         std::iter::once(current_mode).chain(std::iter::repeat(pg_sys::AccessShareLock as _));
     let i = list.current_for(scope);
     let current = list.current(i);
-    for (g, mode) in std::iter::once(&current)
-        .chain(list.others_for(i))
-        .zip(modes)
-    {
+    for (g, mode) in std::iter::once(&current).chain(list.others()).zip(modes) {
         // SAFETY: the contract of this function; the relation is closed at once, its lock
         // kept (NoLock) to the end of the transaction.
         if let Some(rel) = open(*g, mode, func) {
@@ -351,10 +340,18 @@ unsafe fn load(func: &str) -> Option<List> {
     // table_close. slot_getattr deforms the slot's current tuple, which stays pinned while
     // it is read; text and name datums are copied into Rust values before the next fetch.
     let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-    if (*(*rel).rd_att).natts < 9 {
+    if (*(*rel).rd_att).natts < 11 {
         pgrx::error!("dedup: the table dedup.generations does not have its columns");
     }
-    let mut rows: Vec<(i32, pg_sys::Oid, State, Option<i128>)> = Vec::new();
+    // n, relid, state, the series' span, the routes (read for a current generation).
+    type Row = (
+        i32,
+        pg_sys::Oid,
+        State,
+        Option<i128>,
+        Option<Vec<Option<String>>>,
+    );
+    let mut rows: Vec<Row> = Vec::new();
     scan_rows(rel, |slot| {
         let mut isnull = false;
         let n = pg_sys::slot_getattr(slot, 1, &mut isnull).value() as i32;
@@ -369,7 +366,14 @@ unsafe fn load(func: &str) -> Option<List> {
         let retention = pg_sys::slot_getattr(slot, 9, &mut isnull);
         let span = <pgrx::datum::Interval as pgrx::FromDatum>::from_datum(retention, isnull)
             .map(|i| i.as_micros());
-        rows.push((n, relid, state, span));
+        // Only a current generation's routes are read (copied into Rust values here).
+        let routes = if state == State::Current {
+            let routes = pg_sys::slot_getattr(slot, 11, &mut isnull);
+            <Vec<Option<String>> as pgrx::FromDatum>::from_datum(routes, isnull)
+        } else {
+            None
+        };
+        rows.push((n, relid, state, span, routes));
     });
     pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
     if rows.is_empty() {
@@ -378,7 +382,9 @@ unsafe fn load(func: &str) -> Option<List> {
     rows.sort_by_key(|r| std::cmp::Reverse(r.0));
     let mut currents: Vec<(Generation, Option<i128>)> = Vec::new();
     let mut others = Vec::new();
-    for (n, relid, state, span) in rows {
+    let mut routes = std::collections::HashMap::new();
+    let mut default = None;
+    for (n, relid, state, span, names) in rows {
         let g = Generation {
             n,
             relid,
@@ -388,7 +394,25 @@ unsafe fn load(func: &str) -> Option<List> {
             State::Current if currents.iter().any(|(_, s)| *s == span) => {
                 pgrx::error!("dedup: dedup.generations has two current generations of one series")
             }
-            State::Current => currents.push((g, span)),
+            State::Current => {
+                let i = currents.len();
+                for name in names.into_iter().flatten() {
+                    match name {
+                        None if default.is_some() => pgrx::error!(
+                            "dedup: two current generations of dedup.generations take every scope"
+                        ),
+                        None => default = Some(i),
+                        Some(scope) => {
+                            if routes.insert(scope, i).is_some() {
+                                pgrx::error!(
+                                    "dedup: two current generations of dedup.generations take one scope"
+                                )
+                            }
+                        }
+                    }
+                }
+                currents.push((g, span));
+            }
             State::Sealing | State::Sealed => others.push(g),
             State::Retired => {}
         }
@@ -396,54 +420,22 @@ unsafe fn load(func: &str) -> Option<List> {
     if currents.is_empty() {
         pgrx::error!("{func}: dedup.generations has no current generation");
     }
-    // The series of dedup.retention (seconds), and the scopes' own.
-    let default = nearest(
-        &currents,
-        i128::from(crate::guc::RETENTION.get()) * 1_000_000,
-    );
-    let mut routes = std::collections::HashMap::new();
-    if currents.len() > 1 {
-        for (scope, span) in scope_retentions() {
-            let i = nearest(&currents, span);
-            if i != default {
-                routes.insert(scope, i);
-            }
-        }
-    }
+    // Generation 0 is current only inside use_generations(), which claims nothing.
+    let default = match default {
+        Some(i) => i,
+        None if currents.len() == 1 => 0,
+        None => pgrx::error!(
+            "{func}: no current generation of dedup.generations takes every scope (its routes)"
+        ),
+    };
+    // A scope named by the generation that takes every scope goes there anyway.
+    routes.retain(|_, i| *i != default);
     Some(List {
         currents,
         others,
         routes,
         default,
     })
-}
-
-/// The scopes of `dedup.scope_retention` and their retentions as spans in µs (none if the
-/// table is not the extension's), read with a snapshot taken now.
-///
-/// # Safety
-///
-/// As for [`list`].
-unsafe fn scope_retentions() -> Vec<(String, i128)> {
-    // SAFETY: as in load.
-    let relid = extension_relid(c"scope_retention");
-    if relid == pg_sys::InvalidOid {
-        return Vec::new();
-    }
-    let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as _);
-    let mut scopes = Vec::new();
-    scan_rows(rel, |slot| {
-        let mut isnull = false;
-        let scope = pg_sys::slot_getattr(slot, 1, &mut isnull);
-        let scope = <String as pgrx::FromDatum>::from_datum(scope, isnull);
-        let retention = pg_sys::slot_getattr(slot, 2, &mut isnull);
-        let span = <pgrx::datum::Interval as pgrx::FromDatum>::from_datum(retention, isnull);
-        if let (Some(scope), Some(span)) = (scope, span) {
-            scopes.push((scope, span.as_micros()));
-        }
-    });
-    pg_sys::table_close(rel, pg_sys::AccessShareLock as _);
-    scopes
 }
 
 /// Call `each` with a slot holding each row of `rel` that a snapshot taken now sees (not the
@@ -692,23 +684,17 @@ mod tests {
 
     #[test]
     fn a_retention_without_a_series_goes_to_the_shortest_longer_one_else_the_longest() {
-        let currents = [
-            current(7, Some(60)),
-            current(6, Some(3600)),
-            current(5, Some(30)),
-        ];
-        let at = |secs: i128| currents[nearest(&currents, secs * 1_000_000)].0.n;
-        assert_eq!(at(60), 7, "its own series");
-        assert_eq!(at(10), 5, "the shortest longer: 30 s");
-        assert_eq!(at(45), 7, "the shortest longer: 60 s");
-        assert_eq!(at(86_400), 6, "none longer: the longest");
-        // Generation 0 (no series) is never chosen while a series is there.
-        let with_zero = [current(0, None), current(1, Some(60))];
-        assert_eq!(with_zero[nearest(&with_zero, 10_000_000)].0.n, 1);
+        let spans = [(0, 60), (1, 3600), (2, 30)];
+        let at = |secs: i128| nearest(&spans, secs);
+        assert_eq!(at(60), Some(0), "its own series");
+        assert_eq!(at(10), Some(2), "the shortest longer: 30 s");
+        assert_eq!(at(45), Some(0), "the shortest longer: 60 s");
+        assert_eq!(at(86_400), Some(1), "none longer: the longest");
+        assert_eq!(nearest(&[], 60), None, "no series");
     }
 
     #[test]
-    fn a_claim_looks_in_every_generation_but_the_one_it_inserts_into() {
+    fn a_claim_goes_by_the_published_routes_and_looks_in_no_other_current_generation() {
         let sealed = Generation {
             n: 2,
             relid: pg_sys::Oid::from(16386),
@@ -722,12 +708,6 @@ mod tests {
         };
         assert_eq!(list.current(list.current_for("short")).n, 3);
         assert_eq!(list.current(list.current_for("any")).n, 4);
-        let others = |scope: &str| {
-            list.others_for(list.current_for(scope))
-                .map(|g| g.n)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(others("short"), vec![4, 2]);
-        assert_eq!(others("any"), vec![3, 2]);
+        assert_eq!(list.others().map(|g| g.n).collect::<Vec<_>>(), vec![2]);
     }
 }

@@ -82,14 +82,26 @@ pub(crate) fn use_generations() -> String {
     let retention = Retention::now();
     let rows = load(true);
     let processed = rows.iter().find(|g| g.n == 0);
-    let mut published = vec![publish_next(&rows, processed, &retention.default)];
+    let mut published = vec![publish_next(&rows, processed, &retention.default, &[None])];
     // Each scope's own retention has a series of its own from the start.
     for s in retention
         .series
         .iter()
         .filter(|s| s.span != retention.default.span)
     {
-        published.push(publish_next(&load(true), None, s));
+        published.push(publish_next(&load(true), None, s, &[]));
+    }
+    // And its scopes go there at once: every claim so far is in dedup.processed, which is
+    // being sealed, so no current generation holds a claim of any scope.
+    let rows = load(true);
+    let routes = retention
+        .routes(&rows)
+        .unwrap_or_else(|| pgrx::error!("{F}: a retention in force has no generation"));
+    for g in rows.iter().filter(|g| g.state == CURRENT) {
+        let column = routes.column(g.n);
+        if g.routes.as_ref() != Some(&column) {
+            set_routes(g.n, &column);
+        }
     }
     format!(
         "dedup.processed is generation 0 and {published}: claims go there from this \
@@ -464,6 +476,8 @@ struct Retention {
     series: Vec<Series>,
     /// The scopes with a retention of their own, in seconds.
     scopes: std::collections::HashMap<String, f64>,
+    /// And as spans in µs (as PostgreSQL compares intervals), which route them.
+    spans: std::collections::HashMap<String, i128>,
 }
 
 impl Retention {
@@ -481,13 +495,17 @@ impl Retention {
         );
         let mut series = Vec::new();
         let mut scopes = std::collections::HashMap::new();
+        let mut spans = std::collections::HashMap::new();
         Spi::connect(|c| {
             for row in c.select(&query, None, &[DatumWithOid::from(default_secs)])? {
                 let scope: Option<String> = row.get(1)?;
                 let retention: Option<pgrx::datum::Interval> = row.get(2)?;
                 let secs: f64 = row.get(3)?.unwrap_or(default_secs);
                 match (scope, retention) {
-                    (Some(scope), _) => {
+                    (Some(scope), retention) => {
+                        if let Some(r) = retention {
+                            spans.insert(scope.clone(), r.as_micros());
+                        }
                         scopes.insert(scope, secs);
                     }
                     (None, Some(retention)) => series.push(Series {
@@ -526,6 +544,7 @@ impl Retention {
             default,
             series,
             scopes,
+            spans,
         }
     }
 
@@ -534,10 +553,128 @@ impl Retention {
         self.scopes.get(scope).copied().unwrap_or(self.default.secs)
     }
 
+    /// The routes as they should be: for each current generation of a series in force (by
+    /// n), the scopes whose claims it takes, `[None]` (every scope not named elsewhere) for
+    /// `dedup.retention`'s; a scope with a retention of its own goes to its series, or the
+    /// nearest (`generations::nearest`). None if a series in force has no current
+    /// generation yet.
+    fn routes(&self, rows: &[Row]) -> Option<Routes> {
+        let currents: Vec<&Row> = rows
+            .iter()
+            .filter(|g| g.state == CURRENT && self.series_of(g.span).is_some())
+            .collect();
+        if self
+            .series
+            .iter()
+            .any(|s| !currents.iter().any(|g| g.span == Some(s.span)))
+        {
+            return None;
+        }
+        let default = currents
+            .iter()
+            .find(|g| g.span == Some(self.default.span))?
+            .n;
+        let spans: Vec<(usize, i128)> = currents
+            .iter()
+            .enumerate()
+            .filter_map(|(i, g)| g.span.map(|s| (i, s)))
+            .collect();
+        let mut named = std::collections::BTreeMap::new();
+        for (scope, span) in &self.spans {
+            let n = super::nearest(&spans, *span).map_or(default, |i| currents[i].n);
+            if n != default {
+                named.insert(scope.clone(), n);
+            }
+        }
+        Some(Routes { named, default })
+    }
+
     /// The series of span `span`, if it is in force.
     fn series_of(&self, span: Option<i128>) -> Option<&Series> {
         span.and_then(|span| self.series.iter().find(|s| s.span == span))
     }
+}
+
+/// Where the claims of each scope go: the current generation (n) of a scope named, and of
+/// every other scope (`default`).
+#[derive(Clone, PartialEq, Debug)]
+struct Routes {
+    named: std::collections::BTreeMap<String, i32>,
+    default: i32,
+}
+
+impl Routes {
+    /// The routes published in the current generations of `rows` (None: none takes every
+    /// scope, as only inside `use_generations()`).
+    fn published(rows: &[Row]) -> Option<Routes> {
+        let mut named = std::collections::BTreeMap::new();
+        let mut default = None;
+        for g in rows.iter().filter(|g| g.state == CURRENT) {
+            for name in g.routes.iter().flatten() {
+                match name {
+                    Some(scope) => {
+                        named.insert(scope.clone(), g.n);
+                    }
+                    None => default = Some(g.n),
+                }
+            }
+        }
+        let default = default?;
+        named.retain(|_, n| *n != default);
+        Some(Routes { named, default })
+    }
+
+    fn of(&self, scope: &str) -> i32 {
+        self.named.get(scope).copied().unwrap_or(self.default)
+    }
+
+    /// The routes of generation `n` as `dedup.generations.routes` has them.
+    fn column(&self, n: i32) -> Vec<Option<String>> {
+        let every = (n == self.default).then_some(None);
+        every
+            .into_iter()
+            .chain(
+                self.named
+                    .iter()
+                    .filter(|(_, m)| **m == n)
+                    .map(|(scope, _)| Some(scope.clone())),
+            )
+            .collect()
+    }
+}
+
+/// A move of the routes that is due: from the current generation `from` (the lowest n of
+/// those some scope leaves, or that is no longer in force), the routes after it.
+/// The scopes that leave `from` go where `desired` has them; no other scope moves (each
+/// leaves its generation with a publication away from it).
+fn route_move(rows: &[Row], retention: &Retention) -> Option<(i32, Routes)> {
+    let published = Routes::published(rows)?;
+    let desired = retention.routes(rows)?;
+    let not_in_force = rows
+        .iter()
+        .filter(|g| g.state == CURRENT && retention.series_of(g.span).is_none())
+        .map(|g| g.n);
+    let scopes: std::collections::BTreeSet<&String> =
+        published.named.keys().chain(desired.named.keys()).collect();
+    let leaving = scopes
+        .iter()
+        .filter(|s| published.of(s) != desired.of(s))
+        .map(|s| published.of(s));
+    let from = not_in_force
+        .chain(leaving)
+        .chain((published.default != desired.default).then_some(published.default))
+        .min()?;
+    let mut after = published.clone();
+    for scope in scopes {
+        if published.of(scope) == from {
+            after.named.insert(scope.clone(), desired.of(scope));
+        }
+    }
+    if published.default == from {
+        after.default = desired.default;
+    }
+    after.named.retain(|_, n| *n != after.default);
+    Some((from, after))
 }
 
 /// The most scopes a generation's `scopes` lists: beyond, the generation is kept for the
@@ -545,10 +682,9 @@ impl Retention {
 const MOST_SCOPES: i64 = 1000;
 
 /// The most series (retentions with generations of their own), `dedup.retention`'s
-/// included: a claim locks the current generation of every series (and the one being
-/// sealed) with its index, and looks up the summaries of the sealed ones (opened too where
-/// a summary says "maybe", or has none); PostgreSQL 15 to 17 keep 16 locks per backend in
-/// the fast path.
+/// included: a claim looks up the summaries of every series' sealed generations (and opens
+/// one, two locks, where a summary says "maybe", or has none), and locks the one being
+/// sealed; PostgreSQL 15 to 17 keep 16 locks per backend in the fast path.
 const MOST_SERIES: usize = 4;
 
 /// A row of `dedup.generations`, with what is due for it now.
@@ -571,6 +707,9 @@ struct Row {
     sealed_for: Option<f64>,
     /// The scopes of its claims, once looked for (a None element: more than [`MOST_SCOPES`]).
     scopes: Option<Vec<Option<String>>>,
+    /// The scopes whose claims it takes, as published (a None element: every scope no
+    /// other current generation names).
+    routes: Option<Vec<Option<String>>>,
 }
 
 impl Row {
@@ -597,7 +736,7 @@ fn rows_query() -> String {
             g.xmin::pg_catalog.text, g.retention, {secs}, \
             pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.opened_at)::pg_catalog.float8, \
             pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.sealed_at)::pg_catalog.float8, \
-            g.scopes \
+            g.scopes, g.routes \
        FROM dedup.generations AS g ORDER BY g.n",
         secs = SECS.replace("{}", "g.retention")
     )
@@ -634,6 +773,7 @@ fn load(fresh: bool) -> Vec<Row> {
                 age: row.get(9)?.unwrap_or(0.0),
                 sealed_for: row.get(10)?,
                 scopes: row.get(11)?,
+                routes: row.get(12)?,
             });
         }
         Ok::<_, pgrx::spi::Error>(rows)
@@ -712,13 +852,18 @@ unsafe fn processed_relid(func: &str) -> pg_sys::Oid {
 
 /// Publish a new generation if one is due, or `force`d. In this order, one at most:
 /// - the first generation of a retention in force that has no current one (a scope's new
-///   retention), also while another is being sealed;
+///   retention), also while another is being sealed: no scope goes there yet;
 /// - none while a generation is being sealed (a generation is published once the one before
 ///   it is sealed);
-/// - a current generation whose retention is no longer in force is published away from
-///   with no successor (being sealed, then retired by the retentions of the scopes in it);
+/// - a move of the routes ([`route_move`]): the current generation that scopes leave (a
+///   retention changed), or whose retention is no longer in force, is published away from,
+///   and its leaving scopes go to the current generations of their series (the routes in
+///   `dedup.generations` change in the same transaction). A current generation thus holds
+///   claims only of scopes routed to it since it became current, so a claim looks in no
+///   other series' current generation (`generations::List`);
 /// - the next generation of the series whose current one is older than its width; forced,
-///   of `dedup.retention`'s series.
+///   of `dedup.retention`'s series (a forced publication is a move of the routes instead
+///   when one is due).
 fn publish(retention: &Retention, force: bool) -> Option<String> {
     let rows = load(false);
     let has_current = |rows: &[Row], span: i128| {
@@ -733,7 +878,7 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
         epoch::publishing();
         let rows = load(true);
         // Else another session published it meanwhile.
-        return (!has_current(&rows, s.span)).then(|| publish_next(&rows, None, s));
+        return (!has_current(&rows, s.span)).then(|| publish_next(&rows, None, s, &[]));
     }
     if let Some(s) = rows.iter().find(|g| g.state == SEALING) {
         return force.then(|| {
@@ -744,27 +889,17 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
             )
         });
     }
-    let currents = || rows.iter().filter(|g| g.state == CURRENT);
-    if let Some(g) = currents().find(|g| retention.series_of(g.span).is_none()) {
+    if route_move(&rows, retention).is_some() {
         epoch::publishing();
         let rows = load(true);
-        let still = rows.iter().any(|r| r.n == g.n && r.state == CURRENT)
-            && !rows.iter().any(|r| r.state == SEALING)
-            && rows.iter().filter(|r| r.state == CURRENT).count() > 1;
-        return still.then(|| {
-            change_row(
-                "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
-                  WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
-                g.n,
-                "marking the current generation sealing",
-            );
-            format!(
-                "published away from {}: its retention is no longer in force (its claims are \
-                 kept for the retentions of their scopes)",
-                g.name()
-            )
-        });
+        if rows.iter().any(|g| g.state == SEALING) {
+            // Another session published meanwhile.
+            return None;
+        }
+        return route_move(&rows, retention)
+            .map(|(from, after)| move_routes(&rows, from, &after, retention));
     }
+    let currents = || rows.iter().filter(|g| g.state == CURRENT);
     let due = if force {
         currents()
             .find(|g| g.span == Some(retention.default.span))
@@ -779,12 +914,88 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
     let from = rows.iter().find(|g| g.n == n && g.state == CURRENT);
     let still = from.is_some() && !rows.iter().any(|g| g.state == SEALING);
     // Else another session published meanwhile.
-    still.then(|| publish_next(&rows, from, series))
+    still.then(|| {
+        let routes = from.and_then(|g| g.routes.clone()).unwrap_or_default();
+        publish_next(&rows, from, series, &routes)
+    })
 }
 
-/// Make generation max(n) + 1 the current one of `series`, and `from` (its current one)
+/// Publish away from current generation `from`, with a successor if its retention is still
+/// in force, and write `after`, the routes (by n: `from` stands for its successor) into the
+/// current generations. The caller holds the publishing lock and read `rows` under it.
+fn move_routes(rows: &[Row], from: i32, after: &Routes, retention: &Retention) -> String {
+    let g = rows
+        .iter()
+        .find(|g| g.n == from)
+        .unwrap_or_else(|| pgrx::error!("dedup: generation {from} is not in dedup.generations"));
+    let before = Routes::published(rows);
+    let moved: Vec<&str> = before
+        .iter()
+        .flat_map(|b| b.named.keys().chain(after.named.keys()))
+        .filter(|s| before.as_ref().map(|b| b.of(s)) == Some(from) && after.of(s) != from)
+        .map(String::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let every = before.as_ref().is_some_and(|b| b.default == from) && after.default != from;
+    let said = match retention.series_of(g.span) {
+        Some(series) => publish_next(rows, Some(g), series, &after.column(from)),
+        None => {
+            change_row(
+                "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \
+                  WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
+                from,
+                "marking the current generation sealing",
+            );
+            format!(
+                "published away from {}: its retention is no longer in force (its claims are \
+                 kept for the retentions of their scopes)",
+                g.name()
+            )
+        }
+    };
+    for other in rows.iter().filter(|r| r.state == CURRENT && r.n != from) {
+        let routes = after.column(other.n);
+        if other.routes.as_ref() != Some(&routes) {
+            set_routes(other.n, &routes);
+        }
+    }
+    let mut to = Vec::new();
+    if every {
+        to.push(format!(
+            "every scope not named to {}",
+            super::relname_of(after.default)
+        ));
+    }
+    for scope in moved {
+        to.push(format!("{scope} to {}", super::relname_of(after.of(scope))));
+    }
+    if to.is_empty() {
+        said
+    } else {
+        format!("{said}; routes moved: {}", to.join(", "))
+    }
+}
+
+/// Write the routes of current generation `n` (under the publishing lock).
+fn set_routes(n: i32, routes: &[Option<String>]) {
+    exec(
+        "UPDATE dedup.generations AS g SET routes = $2 \
+          WHERE g.n OPERATOR(pg_catalog.=) $1 AND g.state OPERATOR(pg_catalog.=) 'current'",
+        &[DatumWithOid::from(n), DatumWithOid::from(routes.to_vec())],
+        "publishing the routes of a generation",
+    );
+}
+
+/// Make generation max(n) + 1 the current one of `series`, taking the claims of `routes`
+/// (the scopes as `dedup.generations.routes` has them), and `from` (its current one)
 /// `sealing`. The caller holds the publishing lock and read `rows` under it.
-fn publish_next(rows: &[Row], from: Option<&Row>, series: &Series) -> String {
+fn publish_next(
+    rows: &[Row],
+    from: Option<&Row>,
+    series: &Series,
+    routes: &[Option<String>],
+) -> String {
     let n = rows
         .iter()
         .map(|g| g.n)
@@ -802,13 +1013,14 @@ fn publish_next(rows: &[Row], from: Option<&Row>, series: &Series) -> String {
         );
     }
     exec(
-        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at, retention) \
-         VALUES ($1, $2::pg_catalog.name, $3::pg_catalog.regclass, 'current', pg_catalog.now(), $4)",
+        "INSERT INTO dedup.generations (n, relname, relid, state, opened_at, retention, routes) \
+         VALUES ($1, $2::pg_catalog.name, $3::pg_catalog.regclass, 'current', pg_catalog.now(), $4, $5)",
         &[
             DatumWithOid::from(n),
             DatumWithOid::from(relname.as_str()),
             DatumWithOid::from(relid),
             DatumWithOid::from(series.retention),
+            DatumWithOid::from(routes.to_vec()),
         ],
         "recording the new generation",
     );
@@ -1754,5 +1966,255 @@ mod unguarded {
             vxid: pg_sys::VirtualTransactionId,
             have_more: *mut bool,
         ) -> pg_sys::TransactionId;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(secs: i64) -> Series {
+        Series {
+            retention: pgrx::datum::Interval::new(0, 0, secs * 1_000_000).unwrap(),
+            span: i128::from(secs) * 1_000_000,
+            secs: secs as f64,
+        }
+    }
+
+    /// The retentions in force: `dedup.retention` of `default` s, the scopes' own.
+    fn retention(default: i64, scopes: &[(&str, i64)]) -> Retention {
+        let mut all: Vec<Series> = scopes
+            .iter()
+            .map(|(_, s)| *s)
+            .filter(|s| *s != default)
+            .map(series)
+            .collect();
+        all.sort_by_key(|s| std::cmp::Reverse(s.span));
+        all.dedup_by_key(|s| s.span);
+        all.push(series(default));
+        Retention {
+            longest: all.iter().map(|s| s.secs).fold(0.0, f64::max),
+            default: series(default),
+            series: all,
+            scopes: scopes
+                .iter()
+                .map(|(n, s)| (n.to_string(), *s as f64))
+                .collect(),
+            spans: scopes
+                .iter()
+                .map(|(n, s)| (n.to_string(), i128::from(*s) * 1_000_000))
+                .collect(),
+        }
+    }
+
+    /// A current generation `n` of the series of `secs` s with routes `routes` ("*": NULL).
+    fn current(n: i32, secs: i64, routes: &[&str]) -> Row {
+        Row {
+            n,
+            relname: super::super::relname_of(n),
+            relid: pg_sys::Oid::from(16384 + n as u32),
+            state: CURRENT.to_string(),
+            waits: None,
+            mine: false,
+            span: Some(i128::from(secs) * 1_000_000),
+            series_secs: Some(secs as f64),
+            age: 0.0,
+            sealed_for: None,
+            scopes: None,
+            routes: Some(
+                routes
+                    .iter()
+                    .map(|r| (*r != "*").then(|| r.to_string()))
+                    .collect(),
+            ),
+        }
+    }
+
+    type Columns = Vec<(i32, Vec<Option<String>>)>;
+
+    /// Apply `route_move` as `move_routes` does (the generation left becomes sealing; its
+    /// successor, n + 100, takes its routes if its series is in force), until none is due,
+    /// checking at each move that every scope whose route changed left `from` (the one
+    /// generation published away from); the moves made (from which generation) and the
+    /// routes at the end, by n.
+    fn settle(mut rows: Vec<Row>, r: &Retention) -> (Vec<i32>, Columns) {
+        let mut moves = Vec::new();
+        while let Some((from, after)) = route_move(&rows, r) {
+            assert!(moves.len() < 10, "no end of moves: {moves:?}");
+            moves.push(from);
+            let before = Routes::published(&rows).unwrap();
+            let g = rows.iter().position(|g| g.n == from).unwrap();
+            rows[g].state = SEALING.to_string();
+            let successor = r.series_of(rows[g].span).map(|_| {
+                let mut s = rows[g].clone();
+                s.n = from + 100;
+                s.state = CURRENT.to_string();
+                s
+            });
+            let mut after = after;
+            // `from` in `after` stands for its successor.
+            if after.default == from {
+                after.default = from + 100;
+            }
+            for n in after.named.values_mut() {
+                if *n == from {
+                    *n = from + 100;
+                }
+            }
+            let names: Vec<String> = before
+                .named
+                .keys()
+                .chain(after.named.keys())
+                .cloned()
+                .chain(["not named".to_string()])
+                .collect();
+            for scope in &names {
+                let (was, is) = (before.of(scope), after.of(scope));
+                assert!(
+                    was == is || was == from && is != from,
+                    "{scope} moved from generation {was} to {is}, not from {from}"
+                );
+            }
+            rows.extend(successor);
+            for g in rows.iter_mut().filter(|g| g.state == CURRENT) {
+                g.routes = Some(after.column(g.n));
+            }
+            // Nothing is being sealed at the next step.
+            rows.iter_mut()
+                .filter(|g| g.state == SEALING)
+                .for_each(|g| g.state = "sealed".to_string());
+        }
+        let routes = rows
+            .iter()
+            .filter(|g| g.state == CURRENT)
+            .map(|g| (g.n, g.routes.clone().unwrap_or_default()))
+            .collect();
+        (moves, routes)
+    }
+
+    fn col(names: &[&str]) -> Vec<Option<String>> {
+        names
+            .iter()
+            .map(|r| (*r != "*").then(|| r.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn nothing_moves_while_the_routes_are_as_the_retentions_have_them() {
+        let r = retention(60, &[("short", 2)]);
+        let rows = vec![current(1, 60, &["*"]), current(2, 2, &["short"])];
+        assert_eq!(route_move(&rows, &r), None);
+        // A scope whose retention is dedup.retention's is not named.
+        let r = retention(60, &[("same", 60)]);
+        assert_eq!(route_move(&[current(1, 60, &["*"])], &r), None);
+    }
+
+    #[test]
+    fn a_scope_that_leaves_publishes_away_from_the_generation_it_leaves() {
+        // `short` gets a retention of its own: the default's generation is left.
+        let r = retention(60, &[("short", 2)]);
+        let rows = vec![current(1, 60, &["*"]), current(2, 2, &[])];
+        let (moves, routes) = settle(rows, &r);
+        assert_eq!(moves, vec![1]);
+        assert_eq!(routes, vec![(2, col(&["short"])), (101, col(&["*"]))]);
+        // Its retention reset: the 2 s series is no longer in force, no successor.
+        let r = retention(60, &[]);
+        let rows = vec![current(2, 2, &["short"]), current(101, 60, &["*"])];
+        let (moves, routes) = settle(rows, &r);
+        assert_eq!(moves, vec![2]);
+        assert_eq!(routes, vec![(101, col(&["*"]))]);
+    }
+
+    #[test]
+    fn two_scopes_that_swap_series_take_two_publications() {
+        let r = retention(60, &[("a", 30), ("b", 10)]);
+        // a is at the 10 s series, b at the 30 s one: each must leave its generation.
+        let rows = vec![
+            current(1, 60, &["*"]),
+            current(2, 30, &["b"]),
+            current(3, 10, &["a"]),
+        ];
+        let (moves, routes) = settle(rows, &r);
+        assert_eq!(moves, vec![2, 3]);
+        assert_eq!(
+            routes,
+            vec![(1, col(&["*"])), (102, col(&["a"])), (103, col(&["b"]))]
+        );
+    }
+
+    #[test]
+    fn the_default_moves_with_every_scope_not_named() {
+        // dedup.retention changed from 60 s to 30 s; scope `keep` still has 60 s.
+        let r = retention(30, &[("keep", 60)]);
+        let rows = vec![current(1, 60, &["*"]), current(2, 30, &[])];
+        let (moves, routes) = settle(rows, &r);
+        assert_eq!(moves, vec![1]);
+        // The 60 s series stays in force for `keep`, named at its successor.
+        assert_eq!(routes, vec![(2, col(&["*"])), (101, col(&["keep"]))]);
+        // And with no scope of 60 s left, the old default is no longer in force.
+        let r = retention(30, &[]);
+        let rows = vec![current(1, 60, &["*"]), current(2, 30, &[])];
+        let (moves, routes) = settle(rows, &r);
+        assert_eq!(moves, vec![1]);
+        assert_eq!(routes, vec![(2, col(&["*"]))]);
+    }
+
+    #[test]
+    fn a_scope_goes_nowhere_its_claims_were_since_that_generation_became_current() {
+        // Any sequence of retentions: after each settle, every current generation that a
+        // scope was routed to and left has been published away from, so a scope never
+        // returns to a generation n it left.
+        let steps: &[&[(&str, i64)]] = &[
+            &[("s", 2)],
+            &[("s", 60)],
+            &[("s", 2), ("t", 2)],
+            &[("t", 30)],
+            &[("s", 30)],
+            &[],
+        ];
+        let mut rows = vec![current(1, 60, &["*"])];
+        let mut left: std::collections::HashSet<(String, i32)> = Default::default();
+        let mut seen: std::collections::HashMap<String, i32> = Default::default();
+        for (k, scopes) in steps.iter().enumerate() {
+            let r = retention(60, scopes);
+            // The first generation of each new series, as publish opens it.
+            let mut next = rows.iter().map(|g| g.n).max().unwrap() + 1000;
+            for s in &r.series {
+                if !rows
+                    .iter()
+                    .any(|g| g.state == CURRENT && g.span == Some(s.span))
+                {
+                    rows.push(current(next, s.secs as i64, &[]));
+                    next += 1;
+                }
+            }
+            let (_, routes) = settle(rows.clone(), &r);
+            // Rebuild the rows as settle left them (its successors are n + 100).
+            let mut after: Vec<Row> = Vec::new();
+            for (n, names) in &routes {
+                let secs = rows
+                    .iter()
+                    .find(|g| g.n == *n || g.n + 100 == *n)
+                    .and_then(|g| g.series_secs)
+                    .unwrap() as i64;
+                let mut g = current(*n, secs, &[]);
+                g.routes = Some(names.clone());
+                after.push(g);
+            }
+            let published = Routes::published(&after).unwrap();
+            for scope in ["s", "t", "u"] {
+                let n = published.of(scope);
+                assert!(
+                    !left.contains(&(scope.to_string(), n)),
+                    "step {k}: {scope} routed back to generation {n}, which it left"
+                );
+                if let Some(old) = seen.insert(scope.to_string(), n) {
+                    if old != n {
+                        left.insert((scope.to_string(), old));
+                    }
+                }
+            }
+            rows = after;
+        }
     }
 }

@@ -2089,6 +2089,190 @@ pub async fn at_most_four_retentions_have_a_series(_ctx: Ctx) -> Result<()> {
     Ok(())
 }
 
+/// An error saying `what` was expected, unless `ok`.
+fn ensure(ok: bool, what: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        bail!("expected, and not so: {what}")
+    }
+}
+
+/// The routes of the current generations, by n (`dedup.generations.routes`, a NULL element
+/// as "*").
+async fn routes(c: &Conn) -> Result<Vec<(i32, Vec<String>)>> {
+    Ok(c.query(
+        "SELECT n, coalesce(array(SELECT coalesce(r, '*') FROM unnest(routes) AS r), '{}') \
+           FROM dedup.generations WHERE state = 'current' ORDER BY n",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect())
+}
+
+/// Rotation steps until `done` holds of the routes (at most `secs` s); what they said.
+async fn rotate_until_routes(
+    c: &Conn,
+    secs: u64,
+    done: impl Fn(&[(i32, Vec<String>)]) -> bool,
+) -> Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut said = Vec::new();
+    loop {
+        let now = routes(c).await?;
+        if done(&now) {
+            return Ok(said);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the routes are {now:?} after {secs} s of rotation steps: {}; they said {said:?}",
+                catalog(c).await?
+            );
+        }
+        said.push(rotate(c).await?);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The generations this session holds a lock on (in its transaction).
+async fn locked(c: &Conn) -> Result<Vec<i32>> {
+    Ok(c.query(
+        "SELECT g.n FROM dedup.generations AS g JOIN pg_locks AS l \
+             ON l.relation = g.relid AND l.pid = pg_backend_pid() AND l.locktype = 'relation' \
+          ORDER BY g.n",
+        &[],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect())
+}
+
+/// A scope's claims move to another series only with a publication away from the current
+/// generation it leaves, which the worker makes in the transaction that writes the new
+/// routes (`dedup.generations.routes`): so a claim looks in no other series' current
+/// generation. dedup.retention is 60 s; scope `s` claims `a-1` in generation 1; its
+/// retention set to 2 s opens a series with no route to it, then moves `s` there by
+/// publishing away from generation 1 (a new one of the 60 s series takes every other
+/// scope); a copy of `a-1` is a duplicate, found in the generation left. A claim of either
+/// series locks no generation of the other's current one (before the routes were
+/// published, every claim locked and probed each current generation). Its retention
+/// removed, `s` goes back by the 2 s series being published away from, with no successor.
+pub async fn a_route_moves_only_with_a_publication(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-routes")).await?;
+    {
+        let c = connect(&dsn).await?;
+        c.batch_execute(&format!("ALTER DATABASE {DB} SET dedup.retention = '60s'"))
+            .await?;
+    }
+    let a = admin(&dsn).await?;
+    a.batch_execute("SET client_min_messages = error").await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    ensure_eq(
+        routes(&a).await?,
+        vec![(g1, vec!["*".to_string()])],
+        "the routes at first",
+    )?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a-1', 's')").await?,
+        true,
+        "the first claim of s/a-1",
+    )?;
+    a.batch_execute("SELECT dedup.set_retention('s', '2 seconds')")
+        .await?;
+    // The 2 s series' first generation, with no route to it yet, then the move.
+    let said = rotate_until_routes(&a, 15, |r| {
+        r.iter().any(|(_, names)| names == &["s".to_string()])
+    })
+    .await?;
+    let now = currents(&a).await?;
+    let (short, long) = match now.as_slice() {
+        [(l, ls), (s, ss)] if *ls == 60.0 && *ss == 2.0 => (*s, *l),
+        [(s, ss), (l, ls)] if *ls == 60.0 && *ss == 2.0 => (*s, *l),
+        _ => bail!("the current generations are {now:?}, not one of 60 s and one of 2 s"),
+    };
+    ensure(
+        long != g1 && state(&a, g1).await?.as_deref() != Some("current"),
+        &format!(
+            "generation {g1}, which s left, was published away from: {}",
+            catalog(&a).await?
+        ),
+    )?;
+    ensure(
+        said.iter().any(|s| {
+            s.contains(&format!("published dedup.processed_{long}"))
+                && s.contains(&format!("routes moved: s to processed_{short}"))
+        }),
+        &format!("a step said it published generation {long} and moved s: {said:?}"),
+    )?;
+    ensure_eq(
+        routes(&a).await?,
+        vec![
+            (short, vec!["s".to_string()]),
+            (long, vec!["*".to_string()]),
+        ],
+        "the routes after the move",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a-1', 's')").await?,
+        false,
+        "a copy of s/a-1 after s moved",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a-2', 's')").await?,
+        true,
+        "s/a-2",
+    )?;
+    ensure_eq(
+        held_in(&a, "a-2", "s").await?,
+        vec![short],
+        "where s/a-2 is",
+    )?;
+    // Neither series' claim opens the other's current generation.
+    for (job, scope, other) in [("b-1", "other", short), ("a-3", "s", long)] {
+        c.batch_execute("BEGIN").await?;
+        let got: bool = one(&c, &format!("SELECT dedup.try_claim('{job}', '{scope}')")).await?;
+        let held = locked(&c).await?;
+        c.batch_execute("COMMIT").await?;
+        ensure_eq(got, true, &format!("{scope}/{job}"))?;
+        ensure(
+            !held.contains(&other),
+            &format!("a claim of {scope} locked generations {held:?}, the current generation {other} of the other series among them"),
+        )?;
+    }
+    // s's retention removed: the 2 s series is published away from, s goes to the 60 s one.
+    a.batch_execute("SELECT dedup.set_retention('s', NULL)")
+        .await?;
+    let said = rotate_until_routes(&a, 15, |r| r.len() == 1 && r[0].1 == ["*".to_string()]).await?;
+    ensure(
+        said.iter().any(|s| {
+            s.contains(&format!("published away from dedup.processed_{short}"))
+                && s.contains(&format!("routes moved: s to processed_{long}"))
+        }),
+        &format!("a step said it published away from generation {short} and moved s: {said:?}"),
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a-2', 's')").await?,
+        false,
+        "a copy of s/a-2 after s moved back",
+    )?;
+    ensure_eq(
+        claim_tx(&c, "SELECT dedup.try_claim('a-4', 's')").await?,
+        true,
+        "s/a-4",
+    )?;
+    ensure_eq(held_in(&a, "a-4", "s").await?, vec![long], "where s/a-4 is")?;
+    ensure_eq(
+        in_two_generations(&a).await?,
+        Vec::<String>::new(),
+        "keys in two generations",
+    )
+}
+
 /// A retirement reads a generation no more than it needs: with summaries of expired claims
 /// of 64 kB (each takes a few hundred keys), a generation of 25,000 claims (its summary
 /// built at its seal, no lease in it) is retired with one batch of 10,000 of its claims
