@@ -283,6 +283,14 @@ pub(crate) unsafe fn lease_tables(func: &str, scope: &str) -> Option<Vec<String>
     }
 }
 
+/// Does this transaction hold a lock on `relid` in `mode` or a stronger one (AccessShareLock:
+/// in any mode)?
+pub(crate) fn locked_by_me(relid: pg_sys::Oid, mode: u32) -> bool {
+    // SAFETY: CheckRelationOidLockedByMe looks in this backend's local lock table only; the
+    // same signature from 15 to 18; no ERROR.
+    unsafe { pg_sys::CheckRelationOidLockedByMe(relid, mode as pg_sys::LOCKMODE, true) }
+}
+
 /// The OID of `dedup.generations` (InvalidOid: no such table, the extension's SQL is older
 /// than 0.7.0).
 ///

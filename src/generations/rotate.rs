@@ -437,11 +437,14 @@ fn run(
 }
 
 /// An interval in seconds measured back from now in UTC, as the pruner's cutoffs are
-/// (prune/horizons.rs), so that '1 month' counts the month it spans now: `{}` is the
-/// interval's expression.
-const SECS: &str = "pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) \
-      pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.timezone('UTC'::pg_catalog.text, \
-          pg_catalog.now()) OPERATOR(pg_catalog.-) ({})))";
+/// (`prune::horizons::UTC_AGO`), so that '1 month' counts the month it spans now: `{}` is
+/// the interval's expression.
+fn secs(interval: &str) -> String {
+    format!(
+        "pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) {})",
+        crate::prune::horizons::UTC_AGO.replace("{}", interval)
+    )
+}
 
 /// A retention in force (`dedup.retention`'s, or a scope's own), which has a series of
 /// generations: one current at a time, each a quarter of it wide.
@@ -490,8 +493,8 @@ impl Retention {
              UNION ALL \
              SELECT r.scope::pg_catalog.text, r.retention, {scope_secs} \
                FROM dedup.scope_retention AS r",
-            secs = SECS.replace("{}", "s.r"),
-            scope_secs = SECS.replace("{}", "r.retention"),
+            secs = secs("s.r"),
+            scope_secs = secs("r.retention"),
         );
         let mut series = Vec::new();
         let mut scopes = std::collections::HashMap::new();
@@ -699,7 +702,7 @@ struct Row {
     mine: bool,
     /// Its series: its retention as a span in µs (None for generation 0).
     span: Option<i128>,
-    /// Its series' retention in seconds, as [`SECS`] measures it (None for generation 0).
+    /// Its series' retention in seconds, as [`secs`] measures it (None for generation 0).
     series_secs: Option<f64>,
     /// Seconds since opened_at.
     age: f64,
@@ -729,17 +732,21 @@ impl Row {
     }
 }
 
-/// Operators written OPERATOR() all bind alike, left to right: hence the parentheses.
-fn rows_query() -> String {
-    format!(
-        "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
-            g.xmin::pg_catalog.text, g.retention, {secs}, \
-            pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.opened_at)::pg_catalog.float8, \
-            pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.sealed_at)::pg_catalog.float8, \
-            g.scopes, g.routes \
-       FROM dedup.generations AS g ORDER BY g.n",
-        secs = SECS.replace("{}", "g.retention")
-    )
+/// Operators written OPERATOR() all bind alike, left to right: hence the parentheses. Made
+/// once per backend.
+fn rows_query() -> &'static str {
+    static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    QUERY.get_or_init(|| {
+        format!(
+            "SELECT g.n, g.relname::pg_catalog.text, g.relid::pg_catalog.oid, g.state, g.waits, \
+                g.xmin::pg_catalog.text, g.retention, {secs}, \
+                pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.opened_at)::pg_catalog.float8, \
+                pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) g.sealed_at)::pg_catalog.float8, \
+                g.scopes, g.routes \
+           FROM dedup.generations AS g ORDER BY g.n",
+            secs = secs("g.retention")
+        )
+    })
 }
 
 /// The rows of `dedup.generations`, by n. `fresh`: with a snapshot taken now (a statement
@@ -749,9 +756,9 @@ fn load(fresh: bool) -> Vec<Row> {
     let query = rows_query();
     let rows = Spi::connect_mut(|c| {
         let table = if fresh {
-            c.update(&query, None, &[])?
+            c.update(query, None, &[])?
         } else {
-            c.select(&query, None, &[])?
+            c.select(query, None, &[])?
         };
         let mut rows = Vec::new();
         for row in table {
@@ -1176,7 +1183,7 @@ fn seal() -> Option<String> {
             return Some(format!("waiting for {} to seal {name}", describe(&running)));
         }
     }
-    if held_by_me(g.relid) {
+    if super::locked_by_me(g.relid, pg_sys::AccessShareLock) {
         // GetLockConflicts leaves this transaction out: it may have inserted there.
         return Some(format!(
             "{name} is sealed by a later call, once this transaction (which holds a lock on \
@@ -1228,15 +1235,6 @@ fn set_waits(g: &Row, waits: &str) {
     }
 }
 
-/// Does this transaction hold a lock on `relid`, in any mode?
-fn held_by_me(relid: pg_sys::Oid) -> bool {
-    // SAFETY: CheckRelationOidLockedByMe looks in this backend's local lock table only; the
-    // same signature from 15 to 18; no ERROR.
-    unsafe {
-        pg_sys::CheckRelationOidLockedByMe(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE, true)
-    }
-}
-
 // ---- Retire -----------------------------------------------------------------------------
 
 /// Retire the oldest sealed generation whose claims are all past their retention and in
@@ -1244,9 +1242,9 @@ fn held_by_me(relid: pg_sys::Oid) -> bool {
 /// nothing needs them retired in order). A generation's claims are past their retention
 /// once its seal is older than the longest retention in force, or than its series'
 /// retention and that of each scope of its claims (the retentions in force now: a scope's
-/// retention raised after its claims were taken keeps them the longer; a claim of another
-/// scope in the generation, taken with a list read before its scope's retention changed,
-/// keeps the generation for that scope's retention). The scopes are looked for once, with
+/// retention raised after its claims were taken keeps them the longer; a claim of a scope
+/// routed to the series when it was taken, before the worker moved the routes after that
+/// scope's retention changed, keeps the generation for that scope's retention). The scopes are looked for once, with
 /// a scan of the generation, when its series' retention has passed while a longer one is
 /// in force, and kept in its row.
 fn retire(retention: &Retention) -> Option<String> {

@@ -571,7 +571,7 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         // builds it. (A delete of another transaction in progress is seen: its rows are
         // read.)
         if !built(area, db, g) {
-            if pg_sys::CheckRelationOidLockedByMe(g.relid, pg_sys::RowExclusiveLock as _, true) {
+            if super::locked_by_me(g.relid, pg_sys::RowExclusiveLock) {
                 done.push(format!(
                     "did not summarise generation {}: this transaction changed it (a later \
                      pass builds it)",

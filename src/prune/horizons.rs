@@ -6,6 +6,15 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::HashMap;
 
+/// The time a retention ago, measured back from now in UTC, as a `timestamptz` expression
+/// whose `{}` is the retention's: a day is 24 hours whatever the session's TimeZone (in a
+/// zone with a daylight-saving jump of 23 hours, '1 day' would last one hour, and the
+/// claims of a one-day scope be pruned after an hour), and '1 month' counts the month it
+/// spans now. The pruner's cutoffs and the rotation's retentions in seconds
+/// (generations/rotate.rs) both use it.
+pub(crate) const UTC_AGO: &str = "pg_catalog.timezone('UTC'::pg_catalog.text, \
+      pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) OPERATOR(pg_catalog.-) ({}))";
+
 /// Expiry cutoffs (microseconds since 2000-01-01, as `timestamptz`) for one batch, and the
 /// horizons a claim's xmin must be below (`dedup._horizon`), so that a claim is kept its
 /// retention from its commit (retention::a_claim_is_kept_its_retention_from_commit).
@@ -47,17 +56,13 @@ impl Cutoffs {
         } else {
             "NULL::pg_catalog.text"
         };
-        // In UTC: a day is 24 hours whatever the session's TimeZone (in a zone with a
-        // daylight-saving jump of 23 hours, '1 day' would last one hour, and the claims of a
-        // one-day scope be pruned after an hour). The row with scope NULL is
-        // dedup.retention's.
+        // In UTC (UTC_AGO). The row with scope NULL is dedup.retention's.
         let query = format!(
             "SELECT c.scope, c.cutoff, {horizon} \
-               FROM (SELECT r.scope, pg_catalog.timezone('UTC'::pg_catalog.text, \
-                            pg_catalog.timezone('UTC'::pg_catalog.text, pg_catalog.now()) \
-                            OPERATOR(pg_catalog.-) r.retention) AS cutoff \
+               FROM (SELECT r.scope, {ago} AS cutoff \
                        FROM dedup.scope_retention AS r \
-                     UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c"
+                     UNION ALL SELECT NULL, $1::pg_catalog.timestamptz) AS c",
+            ago = UTC_AGO.replace("{}", "r.retention"),
         );
         let (global, scopes) = Spi::connect(|c| {
             let rows = c.select(&query, None, &[DatumWithOid::from(timestamp(global_at))])?;

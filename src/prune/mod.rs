@@ -13,7 +13,7 @@
 //! claim of a key whose old row a batch is deleting waits for that batch to commit, then
 //! inserts its new row (one winner, by the primary key, as always).
 mod forgotten;
-mod horizons;
+pub(crate) mod horizons;
 mod pass;
 mod settings;
 mod status;
