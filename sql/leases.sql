@@ -209,7 +209,8 @@ DECLARE
     held dedup.processed;
     tbl  text;
 BEGIN
-    -- dedup.processed, or every generation where the database uses them.
+    -- dedup.processed, or where the database uses generations every one a claim of the job
+    -- may be in (its scope's current one, every sealing and sealed one).
     FOREACH tbl IN ARRAY dedup._claim_tables(func, job_id, scope) LOOP
         EXECUTE format('SELECT * FROM %s AS p WHERE p.job_id = $1 AND p.scope = $2', tbl)
            INTO held USING job_id, scope;
@@ -232,8 +233,8 @@ END
 $$;
 
 -- Where the database uses generations: the row of a job that complete, extend_lease or
--- release_lease change, locked until the caller commits, from every generation, newest
--- first (dedup._lease_tables), and whether it is in the generation claims go to (then it is
+-- release_lease change, locked until the caller commits, from every generation it may be
+-- in, newest first (dedup._lease_tables), and whether it is in the generation claims go to (then it is
 -- changed in place). A row moved while this looked (by a concurrent call of the holder,
 -- a heartbeat's extend_lease: deleted from one generation after this looked in the newer
 -- one) is looked for again with the list as it is then: up to three passes, each one
