@@ -68,10 +68,8 @@ pub(crate) struct Generation {
 /// is sealing, the one it goes to has none of its claims.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct List {
-    /// The current generation of each series, newest first, with its series' retention as
-    /// a span in µs (PostgreSQL's interval comparison: a month is 30 days; None for
-    /// generation 0, current only inside `use_generations()`).
-    pub(crate) currents: Vec<(Generation, Option<i128>)>,
+    /// The current generation of each series, newest first.
+    pub(crate) currents: Vec<Generation>,
     pub(crate) others: Vec<Generation>,
     /// The scopes named in the routes of a current generation other than `default`'s, as
     /// published with the list: the index into `currents`.
@@ -90,7 +88,7 @@ impl List {
 
     /// The current generation of index `i` (see [`List::current_for`]).
     pub(crate) fn current(&self, i: usize) -> Generation {
-        self.currents[i].0
+        self.currents[i]
     }
 
     /// Every generation a claim looks in besides the current one it inserts into: the
@@ -99,19 +97,6 @@ impl List {
     pub(crate) fn others(&self) -> impl Iterator<Item = &Generation> {
         self.others.iter()
     }
-}
-
-/// Which of `spans` (an index and a retention as a span in µs, PostgreSQL's interval
-/// comparison) a retention of `span` goes to: its own, else the nearest: the shortest longer
-/// one, else the longest (a claim kept longer than its retention, never less: `rotate.rs`
-/// retires a generation by the retentions of the scopes in it). None if `spans` is empty.
-pub(crate) fn nearest(spans: &[(usize, i128)], span: i128) -> Option<usize> {
-    spans
-        .iter()
-        .filter(|(_, s)| *s >= span)
-        .min_by_key(|(_, s)| *s)
-        .or_else(|| spans.iter().max_by_key(|(_, s)| *s))
-        .map(|(i, _)| *i)
 }
 
 /// This backend's copy of the list: the database, the epoch it was read at, and the list
@@ -388,7 +373,10 @@ unsafe fn load(func: &str) -> Option<List> {
         return None;
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.0));
-    let mut currents: Vec<(Generation, Option<i128>)> = Vec::new();
+    let mut currents: Vec<Generation> = Vec::new();
+    // Each current generation's series: its retention as a span in µs (None for generation
+    // 0, current only inside `use_generations()`).
+    let mut series: Vec<Option<i128>> = Vec::new();
     let mut others = Vec::new();
     let mut routes = std::collections::HashMap::new();
     let mut default = None;
@@ -399,7 +387,7 @@ unsafe fn load(func: &str) -> Option<List> {
             sealed: state == State::Sealed,
         };
         match state {
-            State::Current if currents.iter().any(|(_, s)| *s == span) => {
+            State::Current if series.contains(&span) => {
                 pgrx::error!("dedup: dedup.generations has two current generations of one series")
             }
             State::Current => {
@@ -419,7 +407,8 @@ unsafe fn load(func: &str) -> Option<List> {
                         }
                     }
                 }
-                currents.push((g, span));
+                currents.push(g);
+                series.push(span);
             }
             State::Sealing | State::Sealed => others.push(g),
             State::Retired => {}
@@ -679,26 +668,12 @@ pub(crate) unsafe fn open(
 mod tests {
     use super::*;
 
-    fn current(n: i32, secs: Option<i128>) -> (Generation, Option<i128>) {
-        (
-            Generation {
-                n,
-                relid: pg_sys::Oid::from(16384 + n as u32),
-                sealed: false,
-            },
-            secs.map(|s| s * 1_000_000),
-        )
-    }
-
-    #[test]
-    fn a_retention_without_a_series_goes_to_the_shortest_longer_one_else_the_longest() {
-        let spans = [(0, 60), (1, 3600), (2, 30)];
-        let at = |secs: i128| nearest(&spans, secs);
-        assert_eq!(at(60), Some(0), "its own series");
-        assert_eq!(at(10), Some(2), "the shortest longer: 30 s");
-        assert_eq!(at(45), Some(0), "the shortest longer: 60 s");
-        assert_eq!(at(86_400), Some(1), "none longer: the longest");
-        assert_eq!(nearest(&[], 60), None, "no series");
+    fn current(n: i32) -> Generation {
+        Generation {
+            n,
+            relid: pg_sys::Oid::from(16384 + n as u32),
+            sealed: false,
+        }
     }
 
     #[test]
@@ -709,7 +684,7 @@ mod tests {
             sealed: true,
         };
         let list = List {
-            currents: vec![current(4, Some(60)), current(3, Some(30))],
+            currents: vec![current(4), current(3)],
             others: vec![sealed],
             routes: std::collections::HashMap::from([("short".to_string(), 1)]),
             default: 0,

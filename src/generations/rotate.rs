@@ -97,12 +97,7 @@ pub(crate) fn use_generations() -> String {
     let routes = retention
         .routes(&rows)
         .unwrap_or_else(|| pgrx::error!("{F}: a retention in force has no generation"));
-    for g in rows.iter().filter(|g| g.state == CURRENT) {
-        let column = routes.column(g.n);
-        if g.routes.as_ref() != Some(&column) {
-            set_routes(g.n, &column);
-        }
-    }
+    write_routes(&rows, &routes, None);
     format!(
         "dedup.processed is generation 0 and {published}: claims go there from this \
          transaction's commit on. dedup.processed is sealed once the transactions that use it \
@@ -529,7 +524,7 @@ impl Retention {
             .cloned()
             .unwrap_or_else(|| pgrx::error!("dedup: the series of dedup.retention is missing"));
         // Past the cap, the shortest retentions have no series of their own: their claims
-        // go to the shortest longer series (a backend's `generations::nearest`), kept longer
+        // go to the shortest longer series ([`nearest`], by the published routes), kept longer
         // than their retention, never in a shorter series that their claims would hold back.
         series.retain(|s| s.span != default_span);
         series.sort_by_key(|s| std::cmp::Reverse(s.span));
@@ -559,7 +554,7 @@ impl Retention {
     /// The routes as they should be: for each current generation of a series in force (by
     /// n), the scopes whose claims it takes, `[None]` (every scope not named elsewhere) for
     /// `dedup.retention`'s; a scope with a retention of its own goes to its series, or the
-    /// nearest (`generations::nearest`). None if a series in force has no current
+    /// nearest ([`nearest`]). None if a series in force has no current
     /// generation yet.
     fn routes(&self, rows: &[Row]) -> Option<Routes> {
         let currents: Vec<&Row> = rows
@@ -584,7 +579,7 @@ impl Retention {
             .collect();
         let mut named = std::collections::BTreeMap::new();
         for (scope, span) in &self.spans {
-            let n = super::nearest(&spans, *span).map_or(default, |i| currents[i].n);
+            let n = nearest(&spans, *span).map_or(default, |i| currents[i].n);
             if n != default {
                 named.insert(scope.clone(), n);
             }
@@ -596,6 +591,19 @@ impl Retention {
     fn series_of(&self, span: Option<i128>) -> Option<&Series> {
         span.and_then(|span| self.series.iter().find(|s| s.span == span))
     }
+}
+
+/// Which of `spans` (an index and a retention as a span in µs, PostgreSQL's interval
+/// comparison) a retention of `span` goes to: its own, else the nearest: the shortest longer
+/// one, else the longest (a claim kept longer than its retention, never less: `rotate.rs`
+/// retires a generation by the retentions of the scopes in it). None if `spans` is empty.
+fn nearest(spans: &[(usize, i128)], span: i128) -> Option<usize> {
+    spans
+        .iter()
+        .filter(|(_, s)| *s >= span)
+        .min_by_key(|(_, s)| *s)
+        .or_else(|| spans.iter().max_by_key(|(_, s)| *s))
+        .map(|(i, _)| *i)
 }
 
 /// Where the claims of each scope go: the current generation (n) of a scope named, and of
@@ -646,11 +654,20 @@ impl Routes {
     }
 }
 
+/// A move of the routes: away from current generation `from`, the routes as published
+/// `before` and as they are `after` it (where `from` stands for its successor).
+#[derive(Debug, PartialEq)]
+struct RouteMove {
+    from: i32,
+    before: Routes,
+    after: Routes,
+}
+
 /// A move of the routes that is due: from the current generation `from` (the lowest n of
-/// those some scope leaves, or that is no longer in force), the routes after it.
-/// The scopes that leave `from` go where `desired` has them; no other scope moves (each
-/// leaves its generation with a publication away from it).
-fn route_move(rows: &[Row], retention: &Retention) -> Option<(i32, Routes)> {
+/// those some scope leaves, or that is no longer in force). The scopes that leave `from`
+/// go where `desired` has them; no other scope moves (each leaves its generation with a
+/// publication away from it).
+fn route_move(rows: &[Row], retention: &Retention) -> Option<RouteMove> {
     let published = Routes::published(rows)?;
     let desired = retention.routes(rows)?;
     let not_in_force = rows
@@ -677,7 +694,11 @@ fn route_move(rows: &[Row], retention: &Retention) -> Option<(i32, Routes)> {
         after.default = desired.default;
     }
     after.named.retain(|_, n| *n != after.default);
-    Some((from, after))
+    Some(RouteMove {
+        from,
+        before: published,
+        after,
+    })
 }
 
 /// The most scopes a generation's `scopes` lists: beyond, the generation is kept for the
@@ -903,8 +924,7 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
             // Another session published meanwhile.
             return None;
         }
-        return route_move(&rows, retention)
-            .map(|(from, after)| move_routes(&rows, from, &after, retention));
+        return route_move(&rows, retention).map(|m| move_routes(&rows, &m, retention));
     }
     let currents = || rows.iter().filter(|g| g.state == CURRENT);
     let due = if force {
@@ -927,24 +947,27 @@ fn publish(retention: &Retention, force: bool) -> Option<String> {
     })
 }
 
-/// Publish away from current generation `from`, with a successor if its retention is still
-/// in force, and write `after`, the routes (by n: `from` stands for its successor) into the
-/// current generations. The caller holds the publishing lock and read `rows` under it.
-fn move_routes(rows: &[Row], from: i32, after: &Routes, retention: &Retention) -> String {
+/// Make move `m`: publish away from its current generation `from`, with a successor if its
+/// retention is still in force, and write the routes after it into the current
+/// generations. The caller holds the publishing lock and read `rows` under it.
+fn move_routes(rows: &[Row], m: &RouteMove, retention: &Retention) -> String {
+    let RouteMove {
+        from,
+        before,
+        after,
+    } = m;
+    let from = *from;
     let g = rows
         .iter()
         .find(|g| g.n == from)
         .unwrap_or_else(|| pgrx::error!("dedup: generation {from} is not in dedup.generations"));
-    let before = Routes::published(rows);
-    let moved: Vec<&str> = before
-        .iter()
-        .flat_map(|b| b.named.keys().chain(after.named.keys()))
-        .filter(|s| before.as_ref().map(|b| b.of(s)) == Some(from) && after.of(s) != from)
-        .map(String::as_str)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
+    let moved: std::collections::BTreeSet<&String> = before
+        .named
+        .keys()
+        .chain(after.named.keys())
+        .filter(|s| before.of(s) == from && after.of(s) != from)
         .collect();
-    let every = before.as_ref().is_some_and(|b| b.default == from) && after.default != from;
+    let every = before.default == from && after.default != from;
     let said = match retention.series_of(g.span) {
         Some(series) => publish_next(rows, Some(g), series, &after.column(from)),
         None => {
@@ -961,12 +984,7 @@ fn move_routes(rows: &[Row], from: i32, after: &Routes, retention: &Retention) -
             )
         }
     };
-    for other in rows.iter().filter(|r| r.state == CURRENT && r.n != from) {
-        let routes = after.column(other.n);
-        if other.routes.as_ref() != Some(&routes) {
-            set_routes(other.n, &routes);
-        }
-    }
+    write_routes(rows, after, Some(from));
     let mut to = Vec::new();
     if every {
         to.push(format!(
@@ -981,6 +999,20 @@ fn move_routes(rows: &[Row], from: i32, after: &Routes, retention: &Retention) -
         said
     } else {
         format!("{said}; routes moved: {}", to.join(", "))
+    }
+}
+
+/// Write `routes` into each current generation of `rows` (but `except`) whose routes differ
+/// (under the publishing lock).
+fn write_routes(rows: &[Row], routes: &Routes, except: Option<i32>) {
+    for g in rows
+        .iter()
+        .filter(|g| g.state == CURRENT && Some(g.n) != except)
+    {
+        let column = routes.column(g.n);
+        if g.routes.as_ref() != Some(&column) {
+            set_routes(g.n, &column);
+        }
     }
 }
 
@@ -2037,7 +2069,7 @@ mod tests {
     /// routes at the end, by n.
     fn settle(mut rows: Vec<Row>, r: &Retention) -> (Vec<i32>, Columns) {
         let mut moves = Vec::new();
-        while let Some((from, after)) = route_move(&rows, r) {
+        while let Some(RouteMove { from, after, .. }) = route_move(&rows, r) {
             assert!(moves.len() < 10, "no end of moves: {moves:?}");
             moves.push(from);
             let before = Routes::published(&rows).unwrap();
@@ -2095,6 +2127,17 @@ mod tests {
             .iter()
             .map(|r| (*r != "*").then(|| r.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_retention_without_a_series_goes_to_the_shortest_longer_one_else_the_longest() {
+        let spans = [(0, 60), (1, 3600), (2, 30)];
+        let at = |secs: i128| nearest(&spans, secs);
+        assert_eq!(at(60), Some(0), "its own series");
+        assert_eq!(at(10), Some(2), "the shortest longer: 30 s");
+        assert_eq!(at(45), Some(0), "the shortest longer: 60 s");
+        assert_eq!(at(86_400), Some(1), "none longer: the longest");
+        assert_eq!(nearest(&[], 60), None, "no series");
     }
 
     #[test]
