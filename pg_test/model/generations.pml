@@ -171,6 +171,69 @@
  * series' current generation; -DOWN_SERIES_ONLY below is why a claim may look only in its
  * own series once the routes move only with a publication, and not before.
  *
+ * THE PORTABLE EDITION (-DPORTABLE; not with -DEPOCH or -DSERIES): the protocol as SQL can
+ * write it (sql/portable/, docs/design/generations.md), which has neither the epoch in
+ * shared memory nor a dirty-snapshot look at another index. A claimer transaction T:
+ *   P1. Its transaction begins (it now holds its virtual transaction id, which the
+ *      rotation's wait sees); it reads the catalog: lc := current, ls := sealed. In
+ *      READ COMMITTED this is the claim's own statement's snapshot; in REPEATABLE READ
+ *      (-DRR: each claimer may run in either) the transaction's snapshot, taken when it
+ *      began, which later reads see again.
+ *   P2. INSERT ... ON CONFLICT DO NOTHING into g := lc: PostgreSQL's own speculative
+ *      insertion (steps 2 and 3 above), and at the statement's end its row is confirmed,
+ *      in flight. A committed row of k in g: outcome false.
+ *   P3. It reads the catalog again. READ COMMITTED: a new snapshot, taken after its row
+ *      was inserted. REPEATABLE READ: the catalog row of g is read FOR SHARE, which
+ *      returns the row as its snapshot saw it or raises 40001 when a transaction that
+ *      committed after that snapshot updated it (a publication away from g): the claimer
+ *      aborts. (FOR KEY SHARE would not: it does not conflict with an update that changes
+ *      no key, and locks the old version.) The lock then holds off a publication away
+ *      from g until the claimer ends (the rotation tries its update without waiting and
+ *      again at its next pass); the model lets the publication commit at any time, which
+ *      allows more runs, not fewer.
+ *   P4. Cross-check the other generation h, if the catalog names it (O when g = N; N when
+ *      g = O and the second read found N current):
+ *      - h sealed (as the second read says; READ COMMITTED only: in REPEATABLE READ the
+ *        snapshot's): a plain SELECT, which sees committed rows only: a sealed
+ *        generation gains no row, and its seal waited for every transaction that could
+ *        have one in flight there. A committed row: T deletes its own row; outcome false.
+ *      - h not sealed: INSERT ... ON CONFLICT DO NOTHING into h, in a subtransaction that
+ *        is then rolled back whatever it did: its unique check (step 2) waits for a row
+ *        of k in flight there (for its token if speculative, for its owner's end if
+ *        confirmed, for the deleter's end if being deleted) and looks again. T holds its
+ *        own confirmed row in g meanwhile: two claimers whose rows are in flight in the
+ *        two generations can each wait for the other's end. PostgreSQL's deadlock
+ *        detector then aborts one of them (40P01; its message is redelivered): the
+ *        Detector process below. A committed row: T deletes its own row; outcome false.
+ *        The row the subtransaction inserts is not modelled: it waits for nothing while
+ *        it exists (the insertion's own recheck does not wait), so it can make another
+ *        insertion into h wait for its subtransaction's end, which comes next, and the
+ *        look is one atomic step here.
+ *   P5. Outcome true; END as above.
+ * The rotation: R1 the publication commits (current := N); R2 a later transaction records
+ * the transactions running then (virtual transaction ids in pg_locks, and prepared
+ * transactions) and polls until each has ended; R3 sealed. Every claimer that read the
+ * list {O} began before R1's commit, so it is in R2's set while it may still insert into O.
+ * Safety is as above; a claimer aborted by the deadlock detector ends with no row.
+ * Mutations of it:
+ *   -DP_NO_REREAD (assertion violated: wins <= 1): no step P3. A reads {O}; the
+ *     publication commits; B reads {O, N}, inserts into N, cross-checks O (empty),
+ *     commits; A inserts into O and, its list {O}, cross-checks nothing.
+ *   -DP_WAITS_IN_PUBLICATION (assertion violated: sealed): R2's set is taken in the
+ *     publishing transaction, before its commit. A claimer that begins between the two
+ *     reads {O}, is not waited for, and inserts into O once it is sealed.
+ *   -DP_RR_SNAPSHOT (with -DRR; assertion violated: wins <= 1): in REPEATABLE READ step
+ *     P3 reads the catalog with the transaction's snapshot and no lock: a claimer whose
+ *     snapshot predates the publication inserts into O after B's cross-check of O found
+ *     nothing, and its second read still says {O}.
+ *   -DP_SELECT_UNSEALED (assertion violated: wins <= 1): step P4 looks in a generation
+ *     that is not sealed with a plain SELECT: a row in flight there is not seen. A in O
+ *     and B in N each find nothing committed in the other and both commit.
+ *   -DP_NO_DETECTOR (invalid end state): no deadlock detector. A's row in flight in O,
+ *     B's in N, each waiting in its cross-check for the other's end: the wait PostgreSQL
+ *     ends with 40P01, which the portable edition's claims can therefore raise across a
+ *     publication (the native edition's older generation wins without waiting).
+ *
  * MUTATIONS (each must fail; scripts/model.sh checks that pan finds the error named)
  *
  *   -DNO_RECHECK (assertion violated: insertion into O after sealed): step 1 does not read
@@ -255,6 +318,15 @@
 #if defined(SERIES) && defined(EPOCH)
 #error "SERIES models two series' current generations without a publication: not with EPOCH"
 #endif
+#if defined(PORTABLE) && (defined(EPOCH) || defined(SERIES))
+#error "PORTABLE models the portable edition's protocol: not with EPOCH or SERIES"
+#endif
+#if defined(PORTABLE) && !defined(KILL)
+#define KILLS_ENABLED
+#endif
+#ifdef KILL
+#define KILLS_ENABLED
+#endif
 
 #define O 0
 #define N 1
@@ -277,8 +349,12 @@ byte regO;       /* claimers registered on O (lock held), as a bit mask */
 byte ended;      /* claimers whose transaction has ended */
 byte tokw[NC];   /* tokw[i]: claimers waiting for claimer i's speculative token */
 byte wins;       /* commits with outcome true (since the last committed deletion) */
-#ifdef KILL
-byte killed;     /* claimers the killer has aborted */
+#ifdef KILLS_ENABLED
+byte killed;     /* claimers the killer (or the deadlock detector) has aborted */
+#endif
+#ifdef PORTABLE
+byte started;    /* claimers whose transaction has begun */
+byte wend[NC];   /* wend[i]: 1 + the claimer whose end claimer i waits for; 0: none */
 #endif
 #ifdef EPOCH
 byte epoch;      /* the shared-memory epoch */
@@ -650,6 +726,213 @@ finish:
 #endif
 }
 
+#ifdef PORTABLE
+/* The waits of the portable claimer: a wait for t's end is recorded in wend, which the
+ * deadlock detector reads. */
+#define PWAIT_END  wend[me] = t + 1; WAIT_END; wend[me] = 0
+
+proctype PClaimer(byte me) {
+    bit g, lc;
+    bool ls, rr;
+    byte t, seen;
+    bool conflict;
+
+    {
+    skip;   /* a block may not start with a label */
+    /* P1: the transaction begins; the catalog as its first statement (READ COMMITTED) or
+     * its snapshot (REPEATABLE READ) sees it */
+    atomic {
+        started = started | B(me);
+        lc = current;
+        ls = sealed;
+#ifdef RR
+        if
+        :: rr = true
+        :: rr = false
+        fi
+#endif
+    }
+    g = lc;
+
+pcheck:
+    /* P2: INSERT ... ON CONFLICT DO NOTHING into g: the unique check, then the speculative
+     * insertion, confirmed at the statement's end */
+    atomic {
+        lookup(g);
+        if
+        :: seen == NONE
+        :: seen == COMM -> t = 0; seen = 0; goto pfinish
+        :: seen == SPEC -> WAIT_TOKEN; t = 0; seen = 0; goto pcheck
+        :: seen == CONF -> PWAIT_END; t = 0; seen = 0; goto pcheck
+#ifdef DELETER
+        :: seen == DEL -> WAIT_DEL; t = 0; seen = 0; goto pcheck
+#endif
+        fi
+    }
+    atomic {
+        assert(g == N || !sealed);
+        conflict = ANY_LIVE(g);
+        rs[me] = SPEC;
+        rg[me] = g
+    }
+    if
+    :: conflict -> atomic { rs[me] = NONE; tokw[me] = 0; conflict = false; goto pcheck }
+    :: else
+    fi;
+    atomic { rs[me] = CONF; tokw[me] = 0 };
+
+#ifndef P_NO_REREAD
+    /* P3: the catalog again: a new snapshot (READ COMMITTED), or g's row locked
+     * (REPEATABLE READ: 40001 if a publication away from g committed after the snapshot) */
+    atomic {
+        if
+#ifdef P_RR_SNAPSHOT
+        :: rr -> skip                       /* the mutation: the snapshot's catalog */
+#else
+        :: rr && current != lc -> goto pabort
+        :: rr && current == lc -> skip
+#endif
+        :: !rr -> lc = current; ls = sealed
+        fi
+    }
+#endif
+
+    /* P4: the other generation, if the catalog names it */
+    if
+    :: g == O && lc == O -> goto pconfirm
+    :: else
+    fi;
+#ifndef P_SELECT_UNSEALED
+    if
+    :: !ls || g == O -> goto pxcheck    /* N is current: never sealed here */
+    :: else
+    fi;
+#endif
+    /* h sealed: a plain SELECT sees its committed rows */
+    atomic {
+        if
+        :: (rs[0] == COMM || rs[0] == DEL) && rg[0] != g && me != 0 -> rs[me] = NONE; goto pfinish
+        :: (rs[1] == COMM || rs[1] == DEL) && rg[1] != g && me != 1 -> rs[me] = NONE; goto pfinish
+#if NC >= 3
+        :: (rs[2] == COMM || rs[2] == DEL) && rg[2] != g && me != 2 -> rs[me] = NONE; goto pfinish
+#endif
+        :: else -> goto pconfirm
+        fi
+    }
+
+pxcheck:
+    /* h not sealed: INSERT ... ON CONFLICT DO NOTHING into h in a subtransaction rolled
+     * back: its unique check waits for a row in flight, holding T's own row in g */
+    atomic {
+        lookup(1 - g);
+        if
+        :: seen == NONE -> goto pconfirm
+        :: seen == COMM -> rs[me] = NONE; t = 0; seen = 0; goto pfinish
+        :: seen == SPEC -> WAIT_TOKEN; t = 0; seen = 0; goto pxcheck
+        :: seen == CONF -> PWAIT_END; t = 0; seen = 0; goto pxcheck
+#ifdef DELETER
+        :: seen == DEL -> WAIT_DEL; t = 0; seen = 0; goto pxcheck
+#endif
+        fi
+    }
+
+pconfirm:
+    /* P5: outcome true (the row is confirmed already) */
+    skip;
+
+pfinish:
+    /* END: commit or abort (rs[me] is CONF with outcome true, NONE with false) */
+    if
+    :: atomic {
+           if
+           :: rs[me] == CONF ->
+              rs[me] = COMM;
+              wins++;
+              assert(wins <= 1);
+              assert(COMMITTED <= 1)
+           :: else
+           fi;
+           ended = ended | B(me)
+       }
+    :: atomic {
+           rs[me] = NONE;
+           tokw[me] = 0;
+           ended = ended | B(me)
+       }
+    fi;
+    goto pdone;
+
+pabort:
+    /* 40001: the transaction aborts */
+    atomic { rs[me] = NONE; tokw[me] = 0; ended = ended | B(me) };
+pdone:
+    skip
+    } unless {
+        /* aborted (the killer, or the deadlock detector: 40P01), if it has not ended */
+        ((killed & B(me)) && !(ended & B(me))) ->
+        atomic {
+            rs[me] = NONE;
+            tokw[me] = 0;
+            tokw[0] = tokw[0] & ~B(me);
+            tokw[1] = tokw[1] & ~B(me);
+#if NC >= 3
+            tokw[2] = tokw[2] & ~B(me);
+#endif
+            wend[me] = 0;
+            t = 0; seen = 0; conflict = false;
+            ended = ended | B(me)
+        }
+    }
+}
+
+/* The portable rotation: the publication commits; a later transaction records the
+ * transactions running then and polls until each has ended; the seal. */
+proctype PRotator() {
+    byte snap;
+#ifdef P_WAITS_IN_PUBLICATION
+    snap = started & ~ended;        /* the mutation: recorded before the commit */
+    current = N;
+#else
+    current = N;                    /* R1: the publication commits */
+    snap = started & ~ended;        /* R2: the transactions running now ... */
+#endif
+    ((snap & ended) == snap);       /*     ... each of them has ended */
+    atomic { snap = 0; sealed = true }   /* R3 */
+}
+
+/* PostgreSQL's deadlock detector: a cycle of claimers each waiting for the next one's end
+ * (two or three of them) is broken by aborting one of them, any one. */
+#define WE(i, j) (wend[i] == j + 1 && !(killed & B(i)))
+proctype Detector() {
+end:
+    do
+    :: atomic { WE(0, 1) && WE(1, 0) ->
+           if
+           :: killed = killed | B(0)
+           :: killed = killed | B(1)
+           fi }
+#if NC >= 3
+    :: atomic { WE(0, 2) && WE(2, 0) ->
+           if
+           :: killed = killed | B(0)
+           :: killed = killed | B(2)
+           fi }
+    :: atomic { WE(1, 2) && WE(2, 1) ->
+           if
+           :: killed = killed | B(1)
+           :: killed = killed | B(2)
+           fi }
+    :: atomic { (WE(0, 1) && WE(1, 2) && WE(2, 0)) || (WE(0, 2) && WE(2, 1) && WE(1, 0)) ->
+           if
+           :: killed = killed | B(0)
+           :: killed = killed | B(1)
+           :: killed = killed | B(2)
+           fi }
+#endif
+    od
+}
+#endif
+
 proctype Rotator() {
     byte snap;
 #ifdef EPOCH
@@ -723,6 +1006,15 @@ proctype Killer() {
 init {
     byte i;
     atomic {
+#ifdef PORTABLE
+        for (i : 0 .. NC - 1) {
+            run PClaimer(i)
+        }
+        run PRotator();
+#ifndef P_NO_DETECTOR
+        run Detector();
+#endif
+#else
         for (i : 0 .. NC - 1) {
 #ifdef EPOCH
             /* claimer i may be registered on O already, by an earlier claim of its
@@ -736,6 +1028,7 @@ init {
         }
 #ifndef SERIES
         run Rotator();
+#endif
 #endif
 #ifdef DELETER
         run Deleter();
