@@ -9,13 +9,14 @@
 #                                   aborts with 2 claimers only); two series' current
 #                                   generations with a deleter (-DSERIES -DDELETER: its
 #                                   progress, one abort with 3 claimers); the portable
-#                                   edition's protocol (-DPORTABLE -DDELETER -DRR: its
-#                                   progress, aborts with 2 claimers, one abort with 3,
-#                                   without the deleter); and the mutations: about 300 s of
-#                                   CPU time on two cores (about 160 s of wall time) and
-#                                   4.6 GB of memory at most
-#   bash scripts/model.sh --full    also any number of aborts with 3 claimers: about 2
-#                                   more minutes and 2 GB of memory
+#                                   edition's protocol (-DPORTABLE -DDELETER -DRR
+#                                   -DPREPARE: aborts with 2 claimers; its progress without
+#                                   the deleter); and the mutations: about 330 s of CPU
+#                                   time on two cores (about 190 s of wall time) and 8 GB
+#                                   of memory at most (two searches at once)
+#   bash scripts/model.sh --full    also any number of aborts with 3 claimers, and one
+#                                   abort with 3 in the portable edition: about 4 more
+#                                   minutes and 6 GB of memory
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL="$ROOT/pg_test/model/generations.pml"
@@ -118,7 +119,7 @@ mutation() {
     fi
 }
 
-# The two longest searches (about 100 s and 45 s) run beside the others, in a directory of
+# The two longest searches (about 100 s and 35 s) run beside the others, in a directory of
 # their own, so that the two cores of a CI machine share the work; their lines are printed
 # at the end.
 mkdir longest
@@ -127,8 +128,8 @@ cp generations.pml longest/
     cd longest
     failed=0
     protocol "protocol, epoch and deleter, progress" "-DNP" "-l" -DEPOCH -DDELETER
-    protocol "portable edition, deleter, repeatable read, progress" "-DNP" "-l" \
-        -DPORTABLE -DDELETER -DRR
+    protocol "portable edition, repeatable read, prepared, progress" "-DNP" "-l" \
+        -DPORTABLE -DRR -DPREPARE
     exit "$failed"
 ) >longest.log 2>&1 &
 longest=$!
@@ -155,13 +156,17 @@ protocol "two series and deleter, one abort at any step" "-DSAFETY" "" \
     -DSERIES -DDELETER -DKILL -DKILL_ONE
 # The portable edition's protocol (SQL only: no epoch, the catalog read again after the
 # insertion, a generation not sealed cross-checked by an INSERT ... ON CONFLICT DO NOTHING
-# that is rolled back, PostgreSQL's deadlock detector), with a deleter and each claimer in
-# READ COMMITTED or REPEATABLE READ; aborts at any step (its progress runs beside, above).
-protocol "portable edition, deleter, repeatable read" "-DSAFETY" "" -DPORTABLE -DDELETER -DRR
-protocol "portable edition, deleter, repeatable read, aborts at any step, 2 claimers" \
-    "-DSAFETY" "" -DPORTABLE -DDELETER -DRR -DKILL -DNC=2
-protocol "portable edition, repeatable read, one abort at any step, 3 claimers" \
-    "-DSAFETY" "" -DPORTABLE -DRR -DKILL -DKILL_ONE
+# that is rolled back, PostgreSQL's deadlock detector), with a deleter, each claimer in
+# READ COMMITTED or REPEATABLE READ and maybe prepared; aborts at any step (its progress
+# runs beside, above; --full: one abort with 3 claimers).
+protocol "portable edition, deleter, repeatable read, prepared" "-DSAFETY" "" \
+    -DPORTABLE -DDELETER -DRR -DPREPARE
+protocol "portable edition, deleter, repeatable read, prepared, aborts at any step, 2 claimers" \
+    "-DSAFETY" "" -DPORTABLE -DDELETER -DRR -DPREPARE -DKILL -DNC=2
+if [ -n "$full" ]; then
+    protocol "portable edition, repeatable read, prepared, one abort at any step, 3 claimers" \
+        "-DSAFETY" "" -DPORTABLE -DRR -DPREPARE -DKILL -DKILL_ONE
+fi
 
 # The mutations. -E (ignore invalid end states) when the error must be an assertion
 # violation, -A (ignore assertions) when it must be an invalid end state, so that pan's
@@ -185,13 +190,15 @@ mutation OLDER_SKIPS 'assertion violated .*wins' "-DSAFETY" "-E" -DSERIES -DOLDE
 mutation NO_WAIT_DELETER 'assertion violated .*wins' "-DSAFETY" "-E" \
     -DEPOCH -DDELETER -DNO_WAIT_DELETER
 mutation P_NO_REREAD 'assertion violated .*wins' "-DSAFETY" "-E" \
-    -DPORTABLE -DDELETER -DRR -DP_NO_REREAD
+    -DPORTABLE -DDELETER -DRR -DPREPARE -DP_NO_REREAD
 mutation P_WAITS_IN_PUBLICATION 'assertion violated .*sealed' "-DSAFETY" "-E" \
-    -DPORTABLE -DDELETER -DRR -DP_WAITS_IN_PUBLICATION
+    -DPORTABLE -DDELETER -DRR -DPREPARE -DP_WAITS_IN_PUBLICATION
+mutation P_NO_PREPARED_LIST 'assertion violated .*wins' "-DSAFETY" "-E" \
+    -DPORTABLE -DDELETER -DRR -DPREPARE -DP_NO_PREPARED_LIST
 mutation P_RR_SNAPSHOT 'assertion violated .*wins' "-DSAFETY" "-E" \
-    -DPORTABLE -DDELETER -DRR -DP_RR_SNAPSHOT
+    -DPORTABLE -DDELETER -DRR -DPREPARE -DP_RR_SNAPSHOT
 mutation P_SELECT_UNSEALED 'assertion violated .*wins' "-DSAFETY" "-E" \
-    -DPORTABLE -DDELETER -DRR -DP_SELECT_UNSEALED
+    -DPORTABLE -DDELETER -DRR -DPREPARE -DP_SELECT_UNSEALED
 mutation P_NO_DETECTOR 'invalid end state' "-DSAFETY" "-A" -DPORTABLE -DP_NO_DETECTOR
 
 wait "$longest" || failed=1

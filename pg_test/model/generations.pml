@@ -173,12 +173,16 @@
  *
  * THE PORTABLE EDITION (-DPORTABLE; not with -DEPOCH or -DSERIES): the protocol as SQL can
  * write it (sql/portable/, docs/design/generations.md), which has neither the epoch in
- * shared memory nor a dirty-snapshot look at another index. A claimer transaction T:
+ * shared memory nor a dirty-snapshot look at another index. It runs in a VOLATILE PL/pgSQL
+ * function, each step its own statement. A claimer transaction T:
  *   P1. Its transaction begins (it now holds its virtual transaction id, which the
  *      rotation's wait sees); it reads the catalog: lc := current, ls := sealed. In
  *      READ COMMITTED this is the claim's own statement's snapshot; in REPEATABLE READ
  *      (-DRR: each claimer may run in either) the transaction's snapshot, taken when it
  *      began, which later reads see again.
+ *   P1b. A generation sealed in that read (O, when g = N) is looked in with a plain
+ *      SELECT before the insertion (it gains no row, so one look is enough): a committed
+ *      row of k there, outcome false, and no row of T anywhere.
  *   P2. INSERT ... ON CONFLICT DO NOTHING into g := lc: PostgreSQL's own speculative
  *      insertion (steps 2 and 3 above), and at the statement's end its row is confirmed,
  *      in flight. A committed row of k in g: outcome false.
@@ -187,16 +191,15 @@
  *      returns the row as its snapshot saw it or raises 40001 when a transaction that
  *      committed after that snapshot updated it (a publication away from g): the claimer
  *      aborts. (FOR KEY SHARE would not: it does not conflict with an update that changes
- *      no key, and locks the old version.) The lock then holds off a publication away
- *      from g until the claimer ends (the rotation tries its update without waiting and
- *      again at its next pass); the model lets the publication commit at any time, which
- *      allows more runs, not fewer.
- *   P4. Cross-check the other generation h, if the catalog names it (O when g = N; N when
- *      g = O and the second read found N current):
- *      - h sealed (as the second read says; READ COMMITTED only: in REPEATABLE READ the
- *        snapshot's): a plain SELECT, which sees committed rows only: a sealed
- *        generation gains no row, and its seal waited for every transaction that could
- *        have one in flight there. A committed row: T deletes its own row; outcome false.
+ *      no key, and locks the old version.) The lock is taken in a subtransaction that is
+ *      rolled back, so it holds nothing off; the model lets the publication commit at any
+ *      time.
+ *   P4. Cross-check the other generation h, if the catalog names it and P1b did not look
+ *      there (O when g = N; N when g = O and the second read found N current):
+ *      - h sealed since the first read (READ COMMITTED only: in REPEATABLE READ the
+ *        snapshot's is the first read): a plain SELECT, which sees committed rows only:
+ *        a sealed generation gains no row, and its seal waited for every transaction
+ *        that could have one in flight there.
  *      - h not sealed: INSERT ... ON CONFLICT DO NOTHING into h, in a subtransaction that
  *        is then rolled back whatever it did: its unique check (step 2) waits for a row
  *        of k in flight there (for its token if speculative, for its owner's end if
@@ -204,16 +207,23 @@
  *        own confirmed row in g meanwhile: two claimers whose rows are in flight in the
  *        two generations can each wait for the other's end. PostgreSQL's deadlock
  *        detector then aborts one of them (40P01; its message is redelivered): the
- *        Detector process below. A committed row: T deletes its own row; outcome false.
- *        The row the subtransaction inserts is not modelled: it waits for nothing while
- *        it exists (the insertion's own recheck does not wait), so it can make another
- *        insertion into h wait for its subtransaction's end, which comes next, and the
- *        look is one atomic step here.
- *   P5. Outcome true; END as above.
+ *        Detector process below. The row the subtransaction inserts is not modelled: it
+ *        waits for nothing while it exists (the insertion's own recheck does not wait), so
+ *        it can make another insertion into h wait for its subtransaction's end, which
+ *        comes next, and the look is one atomic step here.
+ *      A committed row found: T deletes its own row (outcome false). Until T ends, that
+ *      row still looks in flight to another insertion of k (a dirty snapshot ignores the
+ *      deletion of a row whose inserter is in progress), which waits for T's end; it is
+ *      gone from then on, committed or not.
+ *   P5. Outcome true; END as above, or (-DPREPARE) PREPARE TRANSACTION first: T gives up
+ *      its virtual transaction id and its row stays in flight until COMMIT PREPARED or
+ *      ROLLBACK PREPARED.
  * The rotation: R1 the publication commits (current := N); R2 a later transaction records
- * the transactions running then (virtual transaction ids in pg_locks, and prepared
- * transactions) and polls until each has ended; R3 sealed. Every claimer that read the
- * list {O} began before R1's commit, so it is in R2's set while it may still insert into O.
+ * the transactions running then (virtual transaction ids in pg_locks) and polls until each
+ * is gone, that is has ended or prepared; then it lists the prepared transactions
+ * (pg_prepared_xacts) and waits until each has ended; R3 sealed. Every claimer that read
+ * the list {O} began before R1's commit, so it is in R2's set while it may still insert
+ * into O, and once prepared it is in the second list.
  * Safety is as above; a claimer aborted by the deadlock detector ends with no row.
  * Mutations of it:
  *   -DP_NO_REREAD (assertion violated: wins <= 1): no step P3. A reads {O}; the
@@ -222,6 +232,10 @@
  *   -DP_WAITS_IN_PUBLICATION (assertion violated: sealed): R2's set is taken in the
  *     publishing transaction, before its commit. A claimer that begins between the two
  *     reads {O}, is not waited for, and inserts into O once it is sealed.
+ *   -DP_NO_PREPARED_LIST (with -DPREPARE; assertion violated: wins <= 1): no second list.
+ *     A, in R2's set, inserts into O and prepares: its virtual transaction id is gone, so
+ *     O is sealed. B reads O sealed, finds no committed row there (A's is in flight),
+ *     inserts into N and commits; A is committed.
  *   -DP_RR_SNAPSHOT (with -DRR; assertion violated: wins <= 1): in REPEATABLE READ step
  *     P3 reads the catalog with the transaction's snapshot and no lock: a claimer whose
  *     snapshot predates the publication inserts into O after B's cross-check of O found
@@ -233,6 +247,8 @@
  *     B's in N, each waiting in its cross-check for the other's end: the wait PostgreSQL
  *     ends with 40P01, which the portable edition's claims can therefore raise across a
  *     publication (the native edition's older generation wins without waiting).
+ * Abstracted: two generations only (a claim in PostgreSQL looks in each sealing and
+ * sealed generation of every series, each as h is looked in here); one key.
  *
  * MUTATIONS (each must fail; scripts/model.sh checks that pan finds the error named)
  *
@@ -354,6 +370,7 @@ byte killed;     /* claimers the killer (or the deadlock detector) has aborted *
 #endif
 #ifdef PORTABLE
 byte started;    /* claimers whose transaction has begun */
+byte prep;       /* claimers whose transaction is prepared (-DPREPARE) */
 byte wend[NC];   /* wend[i]: 1 + the claimer whose end claimer i waits for; 0: none */
 #endif
 #ifdef EPOCH
@@ -734,6 +751,8 @@ finish:
 proctype PClaimer(byte me) {
     bit g, lc;
     bool ls, rr;
+    bool pre;       /* O was sealed at the first read, and P1b found nothing there */
+    bool zombie;    /* its own row deleted: gone at its end, waited for until then */
     byte t, seen;
     bool conflict;
 
@@ -753,6 +772,23 @@ proctype PClaimer(byte me) {
 #endif
     }
     g = lc;
+
+    /* P1b: a sealed generation is looked in before the insertion, by a plain SELECT (it
+     * gains no row, so one look is enough) */
+    if
+    :: g == N && ls ->
+       atomic {
+           if
+           :: (rs[0] == COMM || rs[0] == DEL) && rg[0] == O && me != 0 -> goto pfinish
+           :: (rs[1] == COMM || rs[1] == DEL) && rg[1] == O && me != 1 -> goto pfinish
+#if NC >= 3
+           :: (rs[2] == COMM || rs[2] == DEL) && rg[2] == O && me != 2 -> goto pfinish
+#endif
+           :: else -> pre = true
+           fi
+       }
+    :: else
+    fi;
 
 pcheck:
     /* P2: INSERT ... ON CONFLICT DO NOTHING into g: the unique check, then the speculative
@@ -797,9 +833,10 @@ pcheck:
     }
 #endif
 
-    /* P4: the other generation, if the catalog names it */
+    /* P4: the other generation, if the catalog names it and P1b did not look there */
     if
     :: g == O && lc == O -> goto pconfirm
+    :: g == N && pre -> goto pconfirm
     :: else
     fi;
 #ifndef P_SELECT_UNSEALED
@@ -808,13 +845,14 @@ pcheck:
     :: else
     fi;
 #endif
-    /* h sealed: a plain SELECT sees its committed rows */
+    /* h sealed since the first read: a plain SELECT sees its committed rows; one found,
+     * the claim deletes its own row (which others wait for until its end) */
     atomic {
         if
-        :: (rs[0] == COMM || rs[0] == DEL) && rg[0] != g && me != 0 -> rs[me] = NONE; goto pfinish
-        :: (rs[1] == COMM || rs[1] == DEL) && rg[1] != g && me != 1 -> rs[me] = NONE; goto pfinish
+        :: (rs[0] == COMM || rs[0] == DEL) && rg[0] != g && me != 0 -> zombie = true; goto pfinish
+        :: (rs[1] == COMM || rs[1] == DEL) && rg[1] != g && me != 1 -> zombie = true; goto pfinish
 #if NC >= 3
-        :: (rs[2] == COMM || rs[2] == DEL) && rg[2] != g && me != 2 -> rs[me] = NONE; goto pfinish
+        :: (rs[2] == COMM || rs[2] == DEL) && rg[2] != g && me != 2 -> zombie = true; goto pfinish
 #endif
         :: else -> goto pconfirm
         fi
@@ -827,7 +865,7 @@ pxcheck:
         lookup(1 - g);
         if
         :: seen == NONE -> goto pconfirm
-        :: seen == COMM -> rs[me] = NONE; t = 0; seen = 0; goto pfinish
+        :: seen == COMM -> zombie = true; t = 0; seen = 0; goto pfinish
         :: seen == SPEC -> WAIT_TOKEN; t = 0; seen = 0; goto pxcheck
         :: seen == CONF -> PWAIT_END; t = 0; seen = 0; goto pxcheck
 #ifdef DELETER
@@ -841,16 +879,24 @@ pconfirm:
     skip;
 
 pfinish:
-    /* END: commit or abort (rs[me] is CONF with outcome true, NONE with false) */
+    /* END: commit or abort, or PREPARE TRANSACTION (its virtual transaction id goes, its
+     * row stays in flight) and then either (rs[me] is CONF with outcome true or a row
+     * deleted, NONE with false and no row) */
+#ifdef PREPARE
+    if
+    :: prep = prep | B(me)
+    :: skip
+    fi;
+#endif
     if
     :: atomic {
            if
-           :: rs[me] == CONF ->
+           :: rs[me] == CONF && !zombie ->
               rs[me] = COMM;
               wins++;
               assert(wins <= 1);
               assert(COMMITTED <= 1)
-           :: else
+           :: else -> rs[me] = NONE
            fi;
            ended = ended | B(me)
        }
@@ -868,7 +914,8 @@ pabort:
 pdone:
     skip
     } unless {
-        /* aborted (the killer, or the deadlock detector: 40P01), if it has not ended */
+        /* aborted (the killer, or the deadlock detector: 40P01; a prepared transaction
+         * rolled back), if it has not ended */
         ((killed & B(me)) && !(ended & B(me))) ->
         atomic {
             rs[me] = NONE;
@@ -886,7 +933,9 @@ pdone:
 }
 
 /* The portable rotation: the publication commits; a later transaction records the
- * transactions running then and polls until each has ended; the seal. */
+ * transactions running then (their virtual transaction ids) and polls until each is gone
+ * (ended, or prepared: a prepared transaction gives up its virtual transaction id), then
+ * waits for every prepared transaction there is then; the seal. */
 proctype PRotator() {
     byte snap;
 #ifdef P_WAITS_IN_PUBLICATION
@@ -896,7 +945,11 @@ proctype PRotator() {
     current = N;                    /* R1: the publication commits */
     snap = started & ~ended;        /* R2: the transactions running now ... */
 #endif
+    ((snap & (ended | prep)) == snap);   /* ... each of them has ended or prepared */
+#ifndef P_NO_PREPARED_LIST
+    snap = prep & ~ended;           /*     the prepared transactions now ... */
     ((snap & ended) == snap);       /*     ... each of them has ended */
+#endif
     atomic { snap = 0; sealed = true }   /* R3 */
 }
 
