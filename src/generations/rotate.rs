@@ -561,11 +561,7 @@ impl Retention {
             .iter()
             .filter(|g| g.state == CURRENT && self.series_of(g.span).is_some())
             .collect();
-        if self
-            .series
-            .iter()
-            .any(|s| !currents.iter().any(|g| g.span == Some(s.span)))
-        {
+        if self.series.iter().any(|s| !has_current(rows, s.span)) {
             return None;
         }
         let default = currents
@@ -593,10 +589,16 @@ impl Retention {
     }
 }
 
+/// Whether the series of `span` has a current generation in `rows`.
+fn has_current(rows: &[Row], span: i128) -> bool {
+    rows.iter()
+        .any(|g| g.state == CURRENT && g.span == Some(span))
+}
+
 /// Which of `spans` (an index and a retention as a span in µs, PostgreSQL's interval
 /// comparison) a retention of `span` goes to: its own, else the nearest: the shortest longer
-/// one, else the longest (a claim kept longer than its retention, never less: `rotate.rs`
-/// retires a generation by the retentions of the scopes in it). None if `spans` is empty.
+/// one, else the longest (a claim kept longer than its retention, never less: [`retire`]
+/// goes by the retentions of the scopes in a generation). None if `spans` is empty.
 fn nearest(spans: &[(usize, i128)], span: i128) -> Option<usize> {
     spans
         .iter()
@@ -894,10 +896,6 @@ unsafe fn processed_relid(func: &str) -> pg_sys::Oid {
 ///   when one is due).
 fn publish(retention: &Retention, force: bool) -> Option<String> {
     let rows = load(false);
-    let has_current = |rows: &[Row], span: i128| {
-        rows.iter()
-            .any(|g| g.state == CURRENT && g.span == Some(span))
-    };
     if let Some(s) = retention
         .series
         .iter()
