@@ -12,6 +12,8 @@
 #   ring4     proto.ring_k with four sealed generations: and a SELECT in each
 #   ring_one  proto.ring_one with four sealed: the four looks in one statement
 #   dyn4      proto.dyn_k with four sealed: the INSERT and the looks by EXECUTE format()
+#   lean1     proto.lean_1: the catalog as one row read twice, one sealed generation looked
+#             in by the INSERT itself (three statements)
 # Usage: bash bench/portable-generations.sh [PLAIN_SCRIPT]   (default target/portable/dedup.plain.sql,
 #        from make portable)
 # Env: DEDUP_PG_BINDIR (default: the project's PostgreSQL 15 tree), PORT (54331), N (50000),
@@ -55,13 +57,14 @@ psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 psql -d postgres -c "CREATE DATABASE port"
 psql -c "SET client_min_messages = warning" -f "$plain" -f "$here/portable-generations/prototype.sql"
 
-variants=(P ring0 ring4 ring_one dyn4)
+variants=(P ring0 ring4 ring_one dyn4 lean1)
 call() {
     case $1 in
         P) echo "dedup.try_claim(g::text, 'default')" ;;
         ring0|ring4) echo "proto.ring_k(g::text, 'default')" ;;
         ring_one) echo "proto.ring_one(g::text, 'default')" ;;
         dyn4) echo "proto.dyn_k(g::text, 'default')" ;;
+        lean1) echo "proto.lean_1(g::text, 'default')" ;;
     esac
 }
 declare -A total

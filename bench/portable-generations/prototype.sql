@@ -161,3 +161,36 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- The leanest form: the catalog as one row (the current slot and the sealed ones), read by
+-- its primary key before and after the insertion, and the one sealed generation of a
+-- width of the whole retention looked in by the INSERT itself (NOT EXISTS in its SELECT):
+-- three statements. (lean_1: slot 1 the one sealed generation.)
+CREATE TABLE proto.list (id int PRIMARY KEY, cur int NOT NULL, sealed int[] NOT NULL);
+INSERT INTO proto.list VALUES (1, 0, '{1}');
+VACUUM ANALYZE proto.list;
+CREATE FUNCTION proto.lean_1(job_id text, scope text)
+RETURNS bool
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+AS $$
+DECLARE
+    l record;
+    again int;
+BEGIN
+    SELECT c.cur, c.sealed INTO l FROM proto.list AS c WHERE c.id = 1;
+    IF l.cur = 0 AND l.sealed = '{1}' THEN
+        INSERT INTO proto.g0 (scope, job_id, processed_at)
+        SELECT lean_1.scope, lean_1.job_id, now()
+         WHERE NOT EXISTS (SELECT FROM proto.g1 AS p WHERE p.job_id = lean_1.job_id AND p.scope = lean_1.scope)
+        ON CONFLICT DO NOTHING;
+    ELSE
+        RAISE EXCEPTION 'the prototype measures slot 0 current, slot 1 sealed only';
+    END IF;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT c.cur INTO again FROM proto.list AS c WHERE c.id = 1;
+    RETURN true;
+END
+$$;
