@@ -8,7 +8,7 @@
 # timed by psql; rounds alternate the variants' order (ABBA). Reported: microseconds per
 # claim per variant (the mean over rounds) and its ratio to today's portable try_claim.
 #   P         dedup.try_claim(text, text): one table (today's portable edition)
-#   ring0     proto.ring_k with no sealed generation: two catalog reads and the INSERT
+#   ring0     proto.ring_k with no sealed generation: three catalog reads and the INSERT
 #   ring4     proto.ring_k with four sealed generations: and a SELECT in each
 #   ring_one  proto.ring_one with four sealed: the four looks in one statement
 #   dyn4      proto.dyn_k with four sealed: the INSERT and the looks by EXECUTE format()

@@ -10,12 +10,17 @@
 -- case only (a new job, READ COMMITTED, no generation being sealed):
 --   ring_k(job_id, scope)   the catalog read, the INSERT ... ON CONFLICT DO NOTHING into
 --                           the current slot (one static statement per slot, chosen by
---                           IF), the catalog read again, then one SELECT per sealed slot
---                           (k of them, each a probe of its primary key)
+--                           IF), the catalog read again and the sealed slots read, then
+--                           one SELECT per sealed slot (k of them, each a probe of its
+--                           primary key; after the insertion, as the design was before
+--                           4857121: the same cost for a new job)
 --   ring_one(job_id, scope) the same, the sealed slots probed by one statement
 --   dyn_k(job_id, scope)    the same as ring_k with EXECUTE format(...) for the INSERT
 --                           and the probes: a table named at run time, planned each time
--- dedup.try_claim(text, text) (one table, today) is the baseline.
+--   lean_1(job_id, scope)   (below) the catalog as one row, read before and after the
+--                           insertion, one sealed slot looked in by the INSERT itself
+-- dedup.try_claim(text, text) (one table, today, with its argument checks, which the
+-- variants leave out) is the baseline. Every variant inserts into proto.g0.
 SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS proto CASCADE;
 CREATE SCHEMA proto;
