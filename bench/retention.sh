@@ -100,13 +100,15 @@ load() {
 stop_load() { pkill -f "pgbench.*$dir" 2>/dev/null || true; wait 2>/dev/null || true; }
 # The CPU server $1 has used so far, in clock ticks (1/100 s): the postmaster's own and
 # that of its children, those running (backends, the worker, autovacuum; /proc/<pid>/stat
-# utime + stime) and those that have ended (the postmaster's cutime + cstime). The load's
-# pgbench clients are not the server's and are not counted.
+# utime + stime) and those that have ended (the postmaster's cutime + cstime); then that of
+# the load's backends alone (running children connected to the database bench as
+# postgres: they last the whole run). The load's pgbench clients are not the server's and
+# are not counted.
 cpu_ticks() {
     python3 - "$dir/data$1/postmaster.pid" <<'PY'
 import os, sys
 pm = int(open(sys.argv[1]).readline())
-total = 0
+total = backends = 0
 for pid in os.listdir("/proc"):
     if not pid.isdigit():
         continue
@@ -118,13 +120,19 @@ for pid in os.listdir("/proc"):
     # f[1] is the parent's pid; f[11:15] utime, stime, cutime, cstime
     if int(pid) == pm or int(f[1]) == pm:
         total += sum(int(x) for x in f[11:15])
-print(total)
+        try:
+            title = open(f"/proc/{pid}/cmdline").read()
+        except OSError:
+            continue
+        if title.startswith("postgres: postgres bench "):
+            backends += sum(int(x) for x in f[11:13])
+print(total, backends)
 PY
 }
 # One sample of server $1: epoch, WAL position (bytes), heap and primary key bytes, live
 # and dead tuples, vacuums and autovacuums, summed over the claim tables (dedup.processed
 # and the generations that exist; a claim table's only index is its primary key), and the
-# server's CPU ticks so far.
+# server's CPU ticks so far (all, the load's backends).
 sample() {
     echo "$(psql -p $((PORT + $1)) -d bench -At -F ' ' -c "SELECT extract(epoch FROM clock_timestamp()),
         pg_current_wal_lsn() - '0/0'::pg_lsn, sum(pg_relation_size(relid)),
@@ -156,7 +164,7 @@ end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
 { echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores"
   echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB${SERVER_OPTS:+, $SERVER_OPTS}"
   echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
-  echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums cpu_ticks"; } | tee -a "$OUT"
+  echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums cpu_ticks backend_cpu_ticks"; } | tee -a "$OUT"
 # The generations server's sealed generations, and how many have no summary (a claim then
 # probes their index: dedup.generation_memory too small for them, or not built yet), and
 # the probes claims made so far in sealed generations (dedup.stats, every scope): for want
@@ -222,8 +230,9 @@ samples = {n: [] for n in names}
 for line in open(f"{d}/samples"):
     p = line.split()
     if len(p) >= 9:
-        # runs before the CPU was sampled have no cpu_ticks: None
-        samples[p[1]].append([float(x) for x in p[2:9]] + [float(p[9]) if len(p) > 9 else None])
+        # runs before the CPU was sampled have no CPU ticks: None
+        cpu = [float(x) for x in p[9:11]]
+        samples[p[1]].append([float(x) for x in p[2:9]] + cpu + [None] * (2 - len(cpu)))
 vacuums = {n: [] for n in names}
 removals = {n: [] for n in names}
 try:
@@ -246,7 +255,7 @@ def at(n, t):
         if x[0] <= t:
             best = x
     return best
-print(f"# period: seconds from the start; claims/s (probe claims not counted); WAL bytes per claim; the server's CPU seconds in the sampled span and per claim (us); sizes at the period's end (MB); most dead tuples sampled; vacuums ended in the period and their seconds; probe p99 and slowest claim (ms), and the slowest of the claims in flight within a second of a removal, with the removals ended in the period")
+print(f"# period: seconds from the start; claims/s (probe claims not counted); WAL bytes per claim; the server's CPU seconds in the sampled span and per claim (us), and the load's backends' alone per claim; sizes at the period's end (MB); most dead tuples sampled; vacuums ended in the period and their seconds; probe p99 and slowest claim (ms), and the slowest of the claims in flight within a second of a removal, with the removals ended in the period")
 for k in range(periods + 1):
     t0, t1 = start + k * R, start + (k + 1) * R
     row = {}
@@ -257,6 +266,7 @@ for k in range(periods + 1):
         span = b[0] - a[0]
         wal = (b[1] - a[1]) if span > 0 else 0
         cpu = (b[7] - a[7]) / 100 if span > 0 and a[7] is not None and b[7] is not None else 0
+        cpu_backends = (b[8] - a[8]) / 100 if span > 0 and a[8] is not None and b[8] is not None else 0
         # claims in the sampled span, for WAL per claim
         in_span = len([x for x in load[n] if a[0] <= x[0] < b[0]]) * batch + len([x for x in probe[n] if a[0] <= x[0] < b[0]])
         lat = sorted(x[1] for x in probe[n] if t0 <= x[0] < t1)
@@ -268,12 +278,13 @@ for k in range(periods + 1):
         rem = [r for r in removals[n] if t0 <= r[0] < t1]
         row[n] = dict(cps=claims / R, wpc=wal / in_span if in_span else 0, heap=b[2] / 1e6, pkey=b[3] / 1e6,
                       cpu=cpu, cpc=cpu * 1e6 / in_span if in_span and cpu else 0,
+                      bcpc=cpu_backends * 1e6 / in_span if in_span and cpu_backends else 0,
                       live=b[4], dead=dead, vac=len(vac), vac_s=sum(v[1] for v in vac), p99=p99, worst=lat[-1] if lat else 0,
                       near=max(near or [0]), removals=len(rem),
                       kept=" ".join(f"{r[2]:.0f}-{r[3]:.0f}" if r[3] >= 0 else f">={r[2]:.0f}" for r in rem if len(r) > 3 and r[2] >= 0))
     for n in names:
         r = row[n]
-        print(f"period {k + 1} {n:11}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} cpu_s={r['cpu']:.1f} cpu_us/claim={r['cpc']:.2f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
+        print(f"period {k + 1} {n:11}: claims/s={r['cps']:.0f} wal/claim={r['wpc']:.1f} cpu_s={r['cpu']:.1f} cpu_us/claim={r['cpc']:.2f} backend_cpu_us/claim={r['bcpc']:.2f} heap_mb={r['heap']:.0f} pkey_mb={r['pkey']:.0f} "
               f"live_tuples={r['live']:.0f} dead_tuples_max={r['dead']:.0f} vacuums={r['vac']} vacuum_s={r['vac_s']:.1f} "
               f"probe_p99_ms={r['p99']:.1f} probe_max_ms={r['worst']:.1f} removals={r['removals']} probe_max_near_removal_ms={r['near']:.1f}"
               + (f" kept_s={r['kept']}" if r['kept'] else ""))
