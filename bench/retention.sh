@@ -39,7 +39,8 @@
 #      server; default as fast as the clients go), PROBE_RATE (20),
 #      SAMPLE (10), SHARED_BUFFERS (64MB), PRUNE_INTERVAL (seconds; default R/10, at
 #      least 1), GENERATIONS (1: run the third server), SERVER_OPTS (more -c settings
-#      for every server, e.g. "-c dedup.generation_memory=64MB"), OUT (results file)
+#      for every server, e.g. "-c dedup.generation_memory=64MB"), GENERATIONS_OPTS (more
+#      -c settings for the generations server alone), OUT (results file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bindir=${DEDUP_PG_BINDIR:-/usr/lib/postgresql/15/bin}
@@ -76,7 +77,7 @@ for s in "${servers[@]}"; do
     as_pg "$bindir/pg_ctl" -D "$dir/data$s" -l "$dir/log$s" -w -o "-p $((PORT + s)) -k $dir -c listen_addresses='' \
         -c shared_preload_libraries=dedup -c synchronous_commit=off \
         -c shared_buffers=$SHARED_BUFFERS -c max_wal_size=4GB -c log_autovacuum_min_duration=0 \
-        -c log_line_prefix='%m ' ${SERVER_OPTS:-}" start >/dev/null
+        -c log_line_prefix='%m ' ${SERVER_OPTS:-} $([ "$s" = 2 ] && echo "${GENERATIONS_OPTS:-}")" start >/dev/null
     psql -p $((PORT + s)) -d postgres -c "CREATE DATABASE bench"
     psql -p $((PORT + s)) -d bench -c "CREATE EXTENSION dedup" \
          -c "ALTER DATABASE bench SET dedup.warn_outside_transaction = off"
@@ -162,7 +163,7 @@ for s in "${servers[@]:1}"; do
 done
 end=$(python3 -c "print($start + ($PERIODS + 1) * $R)")
 { echo "# $(date -u +%FT%TZ) commit ${BENCH_COMMIT:-?}, PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $(nproc) cores"
-  echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB${SERVER_OPTS:+, $SERVER_OPTS}"
+  echo "# ${#servers[@]} servers at once (none: nothing removed; prune: retention ${R} s, prune_interval ${interval} s$([ ${#servers[@]} = 3 ] && echo "; generations: the same, with dedup.use_generations()${GENERATIONS_OPTS:+ and $GENERATIONS_OPTS}")), shared_buffers=$SHARED_BUFFERS, synchronous_commit=off, max_wal_size=4GB${SERVER_OPTS:+, $SERVER_OPTS}"
   echo "# each: $CLIENTS client(s) of try_claim_many($BATCH new bigint jobs) $([ -n "${RATE:-}" ] && echo "at $RATE claims/s" || echo "flat out"), 1 probe client of try_claim at $PROBE_RATE/s; $((PERIODS + 1)) periods of ${R} s"
   echo "# sample: server epoch wal_bytes heap_bytes pkey_bytes live_tuples dead_tuples vacuums cpu_ticks backend_cpu_ticks"; } | tee -a "$OUT"
 # The generations server's sealed generations, and how many have no summary (a claim then
