@@ -472,10 +472,10 @@ struct Retention {
     /// intervals has it): `dedup.retention`'s, and the longest [`MOST_SERIES`] - 1 of the
     /// others. Each must have a current generation.
     series: Vec<Series>,
-    /// The scopes with a retention of their own, in seconds.
-    scopes: std::collections::HashMap<String, f64>,
-    /// And as spans in µs (as PostgreSQL compares intervals), which route them.
-    spans: std::collections::HashMap<String, i128>,
+    /// The scopes with a retention of their own: in seconds, and as a span in µs (as
+    /// PostgreSQL compares intervals), which routes them. One map, so that a scope has both
+    /// or neither.
+    scopes: std::collections::HashMap<String, (f64, i128)>,
 }
 
 impl Retention {
@@ -493,25 +493,23 @@ impl Retention {
         );
         let mut series = Vec::new();
         let mut scopes = std::collections::HashMap::new();
-        let mut spans = std::collections::HashMap::new();
         Spi::connect(|c| {
             for row in c.select(&query, None, &[DatumWithOid::from(default_secs)])? {
                 let scope: Option<String> = row.get(1)?;
                 let retention: Option<pgrx::datum::Interval> = row.get(2)?;
                 let secs: f64 = row.get(3)?.unwrap_or(default_secs);
                 match (scope, retention) {
-                    (Some(scope), retention) => {
-                        if let Some(r) = retention {
-                            spans.insert(scope.clone(), r.as_micros());
-                        }
-                        scopes.insert(scope, secs);
+                    // A scope's retention is NOT NULL (sql/retention.sql); a scope without
+                    // one would have dedup.retention's, as a scope not listed has.
+                    (Some(scope), Some(retention)) => {
+                        scopes.insert(scope, (secs, retention.as_micros()));
                     }
                     (None, Some(retention)) => series.push(Series {
                         span: retention.as_micros(),
                         retention,
                         secs,
                     }),
-                    (None, None) => {}
+                    (_, None) => {}
                 }
             }
             Ok::<_, pgrx::spi::Error>(())
@@ -535,20 +533,21 @@ impl Retention {
         let longest = series
             .iter()
             .map(|s| s.secs)
-            .chain(scopes.values().copied())
+            .chain(scopes.values().map(|(secs, _)| *secs))
             .fold(default.secs, f64::max);
         Retention {
             longest,
             default,
             series,
             scopes,
-            spans,
         }
     }
 
     /// The retention of `scope` in seconds: its own, else `dedup.retention`'s.
     fn of(&self, scope: &str) -> f64 {
-        self.scopes.get(scope).copied().unwrap_or(self.default.secs)
+        self.scopes
+            .get(scope)
+            .map_or(self.default.secs, |(secs, _)| *secs)
     }
 
     /// The routes as they should be: for each current generation of a series in force (by
@@ -574,7 +573,7 @@ impl Retention {
             .filter_map(|(i, g)| g.span.map(|s| (i, s)))
             .collect();
         let mut named = std::collections::BTreeMap::new();
-        for (scope, span) in &self.spans {
+        for (scope, (_, span)) in &self.scopes {
             let n = nearest(&spans, *span).map_or(default, |i| currents[i].n);
             if n != default {
                 named.insert(scope.clone(), n);
@@ -2026,11 +2025,7 @@ mod tests {
             series: all,
             scopes: scopes
                 .iter()
-                .map(|(n, s)| (n.to_string(), *s as f64))
-                .collect(),
-            spans: scopes
-                .iter()
-                .map(|(n, s)| (n.to_string(), i128::from(*s) * 1_000_000))
+                .map(|(n, s)| (n.to_string(), (*s as f64, i128::from(*s) * 1_000_000)))
                 .collect(),
         }
     }
