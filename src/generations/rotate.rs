@@ -1105,7 +1105,14 @@ fn create_generation(relname: &str) -> pg_sys::Oid {
         .map(|t| format!(" TABLESPACE {t}"))
         .unwrap_or_default();
     // The columns of sql/claims.sql, in its order (claim::COLUMNS); USING heap whatever
-    // default_table_access_method says (claims are written into the heap directly).
+    // default_table_access_method says (claims are written into the heap directly). No
+    // vacuum started by inserts (PostgreSQL 13 on): it is there to set an insert-only table's
+    // pages all-visible and freeze them before an anti-wraparound vacuum must, and a
+    // generation takes inserts only and is dropped after its retention, usually long before
+    // that. Flat out it was a vacuum of each generation, about a tenth of the server's CPU
+    // beyond the claims' own (docs/performance.md, "Generations by CPU"). A vacuum for dead
+    // tuples (forget, a lease that moves) and the anti-wraparound vacuum, which this
+    // setting does not stop, still come.
     exec(
         &format!(
             "CREATE TABLE dedup.{relname} ( \
@@ -1117,7 +1124,9 @@ fn create_generation(relname: &str) -> pg_sys::Oid {
                 lease_id         pg_catalog.uuid, \
                 lease_expires_at pg_catalog.timestamptz, \
                 CONSTRAINT {relname}_pkey PRIMARY KEY (job_id, scope){index_space} \
-             ) USING heap{table_space}"
+             ) USING heap \
+               WITH (autovacuum_vacuum_insert_threshold = -1, \
+                     toast.autovacuum_vacuum_insert_threshold = -1){table_space}"
         ),
         &[],
         &format!("creating dedup.{relname}"),

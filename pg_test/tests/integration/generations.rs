@@ -502,7 +502,7 @@ pub async fn claims_go_to_the_current_generation(_ctx: Ctx) -> Result<()> {
     )?;
 
     // The twin of dedup.processed: the same columns, a primary key of its own, the same
-    // owner, nothing for PUBLIC.
+    // owner, nothing for PUBLIC; no vacuum started by inserts.
     let columns = |rel: &str| {
         format!(
             "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || ' ' \
@@ -545,6 +545,21 @@ pub async fn claims_go_to_the_current_generation(_ctx: Ctx) -> Result<()> {
         .await?,
         0,
         "privileges of PUBLIC on dedup.processed_1",
+    )?;
+    // No vacuum started by inserts, of the table or its TOAST table: a generation takes
+    // inserts only and is dropped after its retention (src/generations/rotate.rs,
+    // create_generation).
+    ensure_eq(
+        one::<String>(
+            &a,
+            "SELECT coalesce(c.reloptions::text, '-') || ' ' || coalesce(t.reloptions::text, '-') \
+               FROM pg_class AS c JOIN pg_class AS t ON t.oid = c.reltoastrelid \
+              WHERE c.oid = 'dedup.processed_1'::regclass",
+        )
+        .await?,
+        "{autovacuum_vacuum_insert_threshold=-1} {autovacuum_vacuum_insert_threshold=-1}"
+            .to_string(),
+        "the storage parameters of dedup.processed_1 and its TOAST table",
     )?;
 
     let c = claimer(&dsn).await?;
