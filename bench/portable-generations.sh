@@ -29,29 +29,9 @@ N=${N:-50000}
 ROUNDS=${ROUNDS:-6}
 OUT=${OUT:-/dev/null}
 [ -f "$plain" ] || { echo "bench/portable-generations.sh: no plain script at $plain (make portable)" >&2; exit 1; }
-dir=$(mktemp -d /tmp/dedup-portgen-bench.XXXXXX)
-as_server=()
-if [ "$(id -u)" -eq 0 ]; then
-    chown postgres: "$dir"
-    as_server=(runuser -u postgres --)
-fi
-started=
-cleanup() {
-    [ -z "$started" ] || "${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-"${as_server[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --locale=C.UTF-8 --no-sync >/dev/null
-{
-    echo "port = $PORT"
-    echo "listen_addresses = ''"
-    echo "unix_socket_directories = '$dir'"
-    echo "shared_buffers = 1GB"
-    echo "max_wal_size = 8GB"
-    echo "synchronous_commit = off"
-} >>"$dir/data/postgresql.conf"
-"${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
-started=1
+throwaway_server "$bindir" "$PORT" dedup-portgen-bench "shared_buffers = 1GB" "max_wal_size = 8GB" \
+    "synchronous_commit = off"
+dir=$THROWAWAY_DIR
 export PGHOST=$dir PGPORT=$PORT PGUSER=postgres PGDATABASE=port
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 psql -d postgres -c "CREATE DATABASE port"

@@ -66,41 +66,11 @@ sharedir=$("$bindir/pg_config" --sharedir)
     || { echo "bench/portable.sh: the native dedup is not installed in $sharedir" >&2; exit 1; }
 
 # The throwaway server: its own directory, a socket there and no TCP port.
-dir=$(mktemp -d /tmp/dedup-portable-bench.XXXXXX)
-as_server=()
-if [ "$(id -u)" -eq 0 ]; then
-    chown postgres: "$dir"
-    as_server=(runuser -u postgres --)
-fi
-started=
-cleanup() {
-    if [ -n "$started" ]; then
-        "${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null || true
-    fi
-    if [ "${KEEP_DATA:-0}" = 1 ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"${as_server[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 \
-    --locale=C.UTF-8 --no-sync >/dev/null
-{
-    echo "# bench/portable.sh"
-    echo "port = $PORT"
-    echo "listen_addresses = ''"
-    echo "unix_socket_directories = '$dir'"
-    echo "max_connections = 50"
-    echo "fsync = on"
-    echo "shared_buffers = 1GB"
-    echo "max_wal_size = 8GB"
-    echo "checkpoint_timeout = 30min"
-    if [ "$PRELOAD" = 1 ]; then
-        echo "shared_preload_libraries = 'dedup'"
-        echo "dedup.prune_interval = 0"
-    fi
-} >>"$dir/data/postgresql.conf"
-"${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 120 start >/dev/null \
-    || { tail -20 "$dir/server.log" >&2; exit 1; }
-started=1
+conf=("# bench/portable.sh" "max_connections = 50" "fsync = on" "shared_buffers = 1GB"
+      "max_wal_size = 8GB" "checkpoint_timeout = 30min")
+[ "$PRELOAD" != 1 ] || conf+=("shared_preload_libraries = 'dedup'" "dedup.prune_interval = 0")
+throwaway_server "$bindir" "$PORT" dedup-portable-bench "${conf[@]}"
+dir=$THROWAWAY_DIR
 
 export PGHOST=$dir PGPORT=$PORT PGUSER=postgres
 unset PGDATABASE PGSERVICE PGOPTIONS

@@ -44,3 +44,42 @@ citus_test_major() {
 
 pg_tree() { echo "$PG_ROOT/postgresql-${PG_RELEASE[$1]}-x86_64-unknown-linux-gnu"; }
 pg_config_of() { echo "$(pg_tree "$1")/bin/pg_config"; }
+
+# A throwaway server for a bench script: `throwaway_server BINDIR PORT PREFIX [LINE...]`
+# makes the directory /tmp/PREFIX.XXXXXX (THROWAWAY_DIR), runs initdb there (UTF8, the
+# locale C.UTF-8; as the user postgres when run as root, AS_SERVER being that prefix for
+# the caller's own commands), appends to its postgresql.conf the port, a socket in that
+# directory and no TCP port, then each LINE, and starts it (its log: server.log there).
+# It sets the EXIT trap, which stops the server and removes the directory (KEEP_DATA=1
+# keeps it), and makes INT and TERM exit through it.
+throwaway_server() {
+    local bindir=$1 port=$2 prefix=$3 line
+    shift 3
+    THROWAWAY_DIR=$(mktemp -d "/tmp/$prefix.XXXXXX")
+    THROWAWAY_BINDIR=$bindir
+    THROWAWAY_STARTED=
+    AS_SERVER=()
+    if [ "$(id -u)" -eq 0 ]; then
+        chown postgres: "$THROWAWAY_DIR"
+        AS_SERVER=(runuser -u postgres --)
+    fi
+    trap throwaway_cleanup EXIT
+    trap 'exit 130' INT TERM
+    "${AS_SERVER[@]}" "$bindir/initdb" -D "$THROWAWAY_DIR/data" -U postgres -A trust -E UTF8 \
+        --locale=C.UTF-8 --no-sync >/dev/null
+    {
+        echo "port = $port"
+        echo "listen_addresses = ''"
+        echo "unix_socket_directories = '$THROWAWAY_DIR'"
+        for line in "$@"; do echo "$line"; done
+    } >>"$THROWAWAY_DIR/data/postgresql.conf"
+    "${AS_SERVER[@]}" "$bindir/pg_ctl" -D "$THROWAWAY_DIR/data" -l "$THROWAWAY_DIR/server.log" \
+        -w -t 120 start >/dev/null || { tail -20 "$THROWAWAY_DIR/server.log" >&2; return 1; }
+    THROWAWAY_STARTED=1
+}
+throwaway_cleanup() {
+    [ -z "${THROWAWAY_STARTED:-}" ] \
+        || "${AS_SERVER[@]}" "$THROWAWAY_BINDIR/pg_ctl" -D "$THROWAWAY_DIR/data" -m fast -w stop >/dev/null 2>&1 \
+        || true
+    if [ "${KEEP_DATA:-0}" = 1 ]; then echo "kept $THROWAWAY_DIR" >&2; else rm -rf "$THROWAWAY_DIR"; fi
+}

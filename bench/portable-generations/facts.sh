@@ -15,22 +15,8 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 source "$root/scripts/pg.sh"
 bindir=${DEDUP_PG_BINDIR:-$(pg_tree 15)/bin}
 PORT=${PORT:-54332}
-dir=$(mktemp -d /tmp/dedup-facts.XXXXXX)
-as_server=()
-if [ "$(id -u)" -eq 0 ]; then
-    chown postgres: "$dir"
-    as_server=(runuser -u postgres --)
-fi
-started=
-cleanup() {
-    [ -z "$started" ] || "${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-"${as_server[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust --no-sync >/dev/null
-printf "port = %s\nlisten_addresses = ''\nunix_socket_directories = '%s'\nmax_prepared_transactions = 5\n" "$PORT" "$dir" >>"$dir/data/postgresql.conf"
-"${as_server[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w start >/dev/null
-started=1
+throwaway_server "$bindir" "$PORT" dedup-facts "max_prepared_transactions = 5"
+dir=$THROWAWAY_DIR
 export PGHOST=$dir PGPORT=$PORT PGUSER=postgres PGDATABASE=postgres
 psql() { "$bindir/psql" -X -q -At "$@"; }
 failed=0
