@@ -1109,8 +1109,8 @@ fn create_generation(relname: &str) -> pg_sys::Oid {
     // vacuum started by inserts (PostgreSQL 13 on): it is there to set an insert-only table's
     // pages all-visible and freeze them before an anti-wraparound vacuum must, and a
     // generation takes inserts only and is dropped after its retention, usually long before
-    // that. Flat out it was a vacuum of each generation, about a tenth of the server's CPU
-    // beyond the claims' own (docs/performance.md, "Generations by CPU"). A vacuum for dead
+    // that. Flat out it was a vacuum of each generation, some 4 to 7% of the server's CPU
+    // (docs/performance.md, "Generations by CPU"). A vacuum for dead
     // tuples (forget, a lease that moves) and the anti-wraparound vacuum, which this
     // setting does not stop, still come.
     exec(
@@ -1805,9 +1805,11 @@ impl Waits {
 
 /// Whether the virtual transaction (`proc`, `lxid`) is an autovacuum worker's, still
 /// running: it vacuums or analyzes the generation and inserts nothing, so the seal does not
-/// wait for it. A generation takes inserts only, which is what starts an autovacuum (its
-/// insert threshold), and one of a full generation can run for minutes, every claim probing
-/// the generation's index until the seal (the benchmark's seal waited 11 s so). A
+/// wait for it. A generation is made without the vacuum its inserts would start
+/// ([`create_generation`]), but an autoanalyze, an anti-wraparound vacuum or a vacuum its
+/// owner turned back on still come, and one of a full generation can run for minutes, every
+/// claim probing the generation's index until the seal (the benchmark's seal waited 11 s so,
+/// when inserts still started one). A
 /// transaction that ended since it was listed may be left out as well; one still running
 /// is left out only if its own process is an autovacuum worker.
 ///

@@ -1047,10 +1047,11 @@ pub async fn the_seal_waits_for_an_open_claimer_and_blocks_no_claim(_ctx: Ctx) -
 }
 
 /// An autovacuum of the generation being sealed does not hold the seal back: it inserts
-/// nothing (a generation takes inserts only, which is what starts one, and one of a full
-/// generation can run for minutes, every claim probing the old generation meanwhile). The
-/// generation's autovacuum is made to crawl (a cost limit of 1, a delay of 100 ms) and
-/// caught running; the seal comes while it still runs.
+/// nothing (a generation is made without the vacuum its inserts would start, but an
+/// autoanalyze, an anti-wraparound vacuum or one its owner turned back on still come, and
+/// one of a full generation can run for minutes, every claim probing the old generation
+/// meanwhile). The generation's autovacuum is turned back on here, made to crawl (a cost
+/// limit of 1, a delay of 100 ms) and caught running; the seal comes while it still runs.
 pub async fn the_seal_does_not_wait_for_an_autovacuum(_ctx: Ctx) -> Result<()> {
     let (_cluster, dsn) =
         server(preloaded("gen-autovacuum").set("autovacuum_naptime", "1")).await?;
