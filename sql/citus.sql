@@ -31,6 +31,13 @@ BEGIN
         PERFORM dedup._raise('55000', 'dedup.distribute: this node is a Citus worker',
             'Call dedup.distribute() on the coordinator.');
     END IF;
+    -- Claims routed by Citus go to the distributed dedup.processed and never look in a
+    -- generation: a copy of a job claimed in one would be claimed again.
+    IF EXISTS (SELECT FROM dedup.generations) THEN
+        PERFORM dedup._raise('55000', 'dedup.distribute: this database uses generations (dedup.use_generations())',
+            'Generations are not available on Citus yet, and a database that uses them keeps them: '
+            'distribute the claims of a database that does not use generations.');
+    END IF;
     SELECT d.partmethod::pg_catalog.text INTO held FROM pg_catalog.pg_dist_partition AS d
      WHERE d.logicalrelid = 'dedup.processed'::pg_catalog.regclass;
     IF held = 'h' THEN

@@ -786,3 +786,102 @@ REVOKE ALL ON FUNCTION dedup.cluster_stats() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION dedup.cluster_stats() TO pg_monitor;
 COMMENT ON FUNCTION dedup.cluster_stats() IS
 'On Citus: dedup.stats of every node of the cluster (each node counts the claims made through it).';
+
+-- dedup.distribute() refuses a database that uses generations (claims routed by Citus never
+-- look in a generation).
+CREATE OR REPLACE FUNCTION dedup.distribute(
+    colocate_with pg_catalog.text DEFAULT 'default',
+    shard_count   pg_catalog.int4 DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held pg_catalog.text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        PERFORM dedup._raise('55000', 'dedup.distribute: Citus is not installed in this database',
+            'Put citus first in shared_preload_libraries (shared_preload_libraries = ''citus,dedup''), '
+            'CREATE EXTENSION citus, add the worker nodes, then call dedup.distribute() on the coordinator.');
+    END IF;
+    IF NOT pg_catalog.pg_has_role(current_user,
+            (SELECT c.relowner FROM pg_catalog.pg_class AS c WHERE c.oid = 'dedup.processed'::pg_catalog.regclass),
+            'USAGE') THEN
+        PERFORM dedup._raise('42501', 'dedup.distribute: only the owner of the extension can distribute its tables',
+            'Call it as the role that created the extension (or a superuser).');
+    END IF;
+    EXECUTE 'SELECT g.groupid OPERATOR(pg_catalog.<>) 0 FROM pg_catalog.pg_dist_local_group AS g' INTO held;
+    IF held::bool THEN
+        PERFORM dedup._raise('55000', 'dedup.distribute: this node is a Citus worker',
+            'Call dedup.distribute() on the coordinator.');
+    END IF;
+    -- Claims routed by Citus go to the distributed dedup.processed and never look in a
+    -- generation: a copy of a job claimed in one would be claimed again.
+    IF EXISTS (SELECT FROM dedup.generations) THEN
+        PERFORM dedup._raise('55000', 'dedup.distribute: this database uses generations (dedup.use_generations())',
+            'Generations are not available on Citus yet, and a database that uses them keeps them: '
+            'distribute the claims of a database that does not use generations.');
+    END IF;
+    SELECT d.partmethod::pg_catalog.text INTO held FROM pg_catalog.pg_dist_partition AS d
+     WHERE d.logicalrelid = 'dedup.processed'::pg_catalog.regclass;
+    IF held = 'h' THEN
+        RAISE NOTICE 'dedup.distribute: dedup.processed is already distributed; nothing to do';
+        RETURN;
+    ELSIF held IS NOT NULL THEN
+        PERFORM dedup._raise('55000',
+            pg_catalog.format('dedup.distribute: dedup.processed is already a Citus table of another kind (partmethod %s)', held),
+            'dedup routes claims only on a table distributed by job_id: undo it with '
+            'SELECT undistribute_table(''dedup.processed''), then call dedup.distribute().');
+    END IF;
+    -- A claim taken on a worker before now sits in that worker's local table, which
+    -- becomes an unread shell: Citus cannot move it. Refuse rather than lose it.
+    SELECT pg_catalog.string_agg(pg_catalog.format('%s:%s (%s)', n.nodename, n.nodeport, r.result), ', ')
+      INTO held
+      FROM pg_catalog.run_command_on_workers(
+               'SELECT pg_catalog.count(*) FROM ONLY dedup.processed') AS r
+      JOIN pg_catalog.pg_dist_node AS n ON n.nodename = r.nodename AND n.nodeport = r.nodeport
+     WHERE NOT r.success OR r.result <> '0';
+    IF held IS NOT NULL THEN
+        PERFORM dedup._raise('55000',
+            pg_catalog.format('dedup.distribute: workers hold claims of their own that Citus cannot move: %s', held),
+            'Those claims were taken on a worker before distribution (or the worker did not answer). '
+            'Let them expire (dedup.prune() on that worker) or copy them to the coordinator''s '
+            'dedup.processed, then call dedup.distribute() again.');
+    END IF;
+    PERFORM pg_catalog.create_reference_table('dedup.scope_retention');
+    PERFORM pg_catalog.truncate_local_data_after_distributing_table('dedup.scope_retention');
+    -- On Citus a consumer's claim, set_result and claim_result run as the consumer, which
+    -- holds column grants on dedup.processed (docs/citus.md). Row-level security narrows
+    -- them to its own claims: it stores a result only on a claim its own transaction made,
+    -- and stamps a claim no later than 24 hours ahead (never pruned otherwise; hours, not a
+    -- day: no time zone arithmetic, which cost a fifth of an INSERT's speed). A role that may
+    -- DELETE claims (the extension's owner, dedup.prune_role) may lock any of them, as a
+    -- prune pass does. The owner and superusers are not subject to it (no FORCE). Citus
+    -- copies the policies to every shard, where each is checked again as the caller.
+    DROP POLICY IF EXISTS claims_select ON dedup.processed;
+    DROP POLICY IF EXISTS claims_insert ON dedup.processed;
+    DROP POLICY IF EXISTS claims_update ON dedup.processed;
+    DROP POLICY IF EXISTS claims_delete ON dedup.processed;
+    CREATE POLICY claims_select ON dedup.processed FOR SELECT USING (true);
+    CREATE POLICY claims_insert ON dedup.processed FOR INSERT
+        WITH CHECK (processed_at OPERATOR(pg_catalog.<=)
+                    (pg_catalog.now() OPERATOR(pg_catalog.+) '24:00:00'::pg_catalog.interval));
+    CREATE POLICY claims_update ON dedup.processed FOR UPDATE
+        USING (pg_catalog.has_table_privilege(tableoid, 'DELETE')
+               OR dedup._written_here(tableoid, ctid))
+        WITH CHECK (true);
+    CREATE POLICY claims_delete ON dedup.processed FOR DELETE USING (true);
+    ALTER TABLE dedup.processed ENABLE ROW LEVEL SECURITY;
+    IF shard_count IS NULL THEN
+        PERFORM pg_catalog.create_distributed_table('dedup.processed', 'job_id',
+                                                    colocate_with => colocate_with);
+    ELSE
+        PERFORM pg_catalog.create_distributed_table('dedup.processed', 'job_id',
+                                                    colocate_with => colocate_with, shard_count => shard_count);
+    END IF;
+    PERFORM pg_catalog.truncate_local_data_after_distributing_table('dedup.processed');
+END
+$$;
+REVOKE ALL ON FUNCTION dedup.distribute(pg_catalog.text, pg_catalog.int4) FROM PUBLIC;
+COMMENT ON FUNCTION dedup.distribute(pg_catalog.text, pg_catalog.int4) IS
+'On a Citus coordinator: distribute dedup.processed by job_id (colocated with colocate_with) and make dedup.scope_retention a reference table. Claims are then routed to the job''s shard from every node.';

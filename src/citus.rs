@@ -80,19 +80,32 @@ pub(crate) enum Route {
     WorkerLocal = 2,
 }
 
+/// Whether Citus's catalog is in this database (the citus extension is created here).
+fn catalog_here() -> bool {
+    // SAFETY: as in processed_oid: a syscache lookup that returns InvalidOid when Citus's
+    // catalog is absent.
+    unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_partition".as_ptr(),
+            pg_sys::PG_CATALOG_NAMESPACE.into(),
+        ) != pg_sys::InvalidOid
+    }
+}
+
+/// Whether this database uses Citus: the library loaded and the citus extension created
+/// here, whether `dedup.processed` is distributed yet or not. Generations refuse such a
+/// database (and `dedup.distribute()` one that uses generations): claims routed by Citus
+/// go to the distributed `dedup.processed` and never look in a generation, so a copy of a
+/// job claimed in one before the distribution would be claimed again after it.
+pub(crate) fn in_database() -> bool {
+    citus_loaded() && catalog_here()
+}
+
 /// Where claims of `relid` go (see [`Route`]). A Citus table that is not hash-distributed
 /// (a reference or Citus-managed local table) is refused: each node would prune its own
 /// replica on its own schedule.
 fn route_of(relid: pg_sys::Oid) -> Route {
-    // SAFETY: as in processed_oid: a syscache lookup that returns InvalidOid when Citus's
-    // catalog is absent (the citus extension is not created in this database).
-    let catalog = unsafe {
-        pg_sys::get_relname_relid(
-            c"pg_dist_partition".as_ptr(),
-            pg_sys::PG_CATALOG_NAMESPACE.into(),
-        )
-    };
-    if catalog == pg_sys::InvalidOid {
+    if !catalog_here() {
         return Route::Local;
     }
     // Read-only statements (no transaction id is assigned: this works on a standby).

@@ -47,6 +47,7 @@ macro_rules! tests {
 
 const TESTS: &[(&str, TestFn)] = tests![
     distribute_refuses_claims_it_cannot_move_and_keeps_the_others,
+    generations_and_citus_exclude_each_other,
     thirty_two_connections_over_three_nodes_claim_each_id_once,
     claim_and_effect_commit_together_colocated_or_not,
     results_fingerprints_and_errors_through_citus,
@@ -99,6 +100,99 @@ fn state_of<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>, what: &str)
             e.as_db_error().map(|d| d.message()).unwrap_or_default()
         )),
     }
+}
+
+/// Generations are not available on Citus (0.7.0): claims routed by Citus go to the
+/// distributed dedup.processed and never look in a generation, so a copy of a job claimed
+/// in one would be claimed again. `use_generations()` refuses in a database with the citus
+/// extension, distributed yet or not (0A000), on the coordinator and on a worker, and
+/// `distribute()` refuses a database that uses generations (55000). Claims go on.
+async fn generations_and_citus_exclude_each_other(cc: Cc) -> Result<()> {
+    for i in 0..2usize {
+        let c = node(&cc, i).await?;
+        let said = state_of(
+            c.query("SELECT dedup.use_generations()", &[]).await,
+            "use_generations() where dedup.processed is distributed",
+        )?;
+        ensure!(
+            said.starts_with("0A000") && said.contains("not available on Citus"),
+            "use_generations() on node {i} of a distributed claim table: {said}"
+        );
+        ensure!(
+            one_i64(&c, "SELECT count(*) FROM dedup.generations").await? == 0,
+            "dedup.generations on node {i} after the refusal"
+        );
+    }
+    let coord = node(&cc, 0).await?;
+    ensure!(
+        one_bool(&coord, "SELECT dedup.try_claim('gen-refused', 'citus-gen')").await?,
+        "a claim after the refusals"
+    );
+    ensure!(
+        !one_bool(&coord, "SELECT dedup.try_claim('gen-refused', 'citus-gen')").await?,
+        "its copy"
+    );
+
+    // A database with the citus extension whose claim table is not distributed yet: the
+    // claims would go into generations, and then past them once it is.
+    // One statement each: CREATE DATABASE runs in no transaction block.
+    for db in ["gen_citus", "gen_first"] {
+        coord
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await?;
+    }
+    let (citus_dsn, first_dsn) = {
+        let g = cc.lock().unwrap();
+        (
+            g.coordinator.dsn("gen_citus"),
+            g.coordinator.dsn("gen_first"),
+        )
+    };
+    let c = connect(&citus_dsn).await?;
+    c.batch_execute("CREATE EXTENSION citus; CREATE EXTENSION dedup")
+        .await?;
+    let said = state_of(
+        c.query("SELECT dedup.use_generations()", &[]).await,
+        "use_generations() with Citus created, the claim table not distributed",
+    )?;
+    ensure!(
+        said.starts_with("0A000"),
+        "use_generations() with Citus created, not distributed: {said}"
+    );
+    ensure!(
+        one_i64(&c, "SELECT count(*) FROM dedup.generations").await? == 0,
+        "dedup.generations after that refusal"
+    );
+
+    // Generations first, Citus after: distribute() refuses.
+    let c = connect(&first_dsn).await?;
+    c.batch_execute("CREATE EXTENSION dedup").await?;
+    c.query("SELECT dedup.use_generations()", &[]).await?;
+    c.batch_execute("CREATE EXTENSION citus").await?;
+    let said = state_of(
+        c.query("SELECT dedup.distribute()", &[]).await,
+        "distribute() in a database that uses generations",
+    )?;
+    ensure!(
+        said.starts_with("55000") && said.contains("uses generations"),
+        "distribute() in a database that uses generations: {said}"
+    );
+    ensure!(
+        one_i64(
+            &c,
+            "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'dedup.processed'::regclass"
+        )
+        .await?
+            == 0,
+        "dedup.processed distributed after the refusal"
+    );
+    drop(c);
+    for db in ["gen_citus", "gen_first"] {
+        coord
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Before distribution a claim on a worker lands in that worker's own table: distribute()

@@ -44,3 +44,7 @@ DROP FUNCTION dedup.stats_counters();
 --@ create stats.sql dedup.stats
 DROP FUNCTION dedup.cluster_stats();
 --@ create citus.sql dedup.cluster_stats
+
+-- dedup.distribute() refuses a database that uses generations (claims routed by Citus never
+-- look in a generation).
+--@ replace citus.sql dedup.distribute(text, int4)

@@ -45,7 +45,7 @@ pub(crate) fn use_generations() -> String {
     if !epoch::available() {
         error::generations_need_preload(F);
     }
-    if citus::distributed() {
+    if citus::in_database() {
         error::generations_on_citus(F);
     }
     // SAFETY: in this function's transaction, under its guard.
