@@ -816,7 +816,11 @@ BEGIN
             'Call dedup.distribute() on the coordinator.');
     END IF;
     -- Claims routed by Citus go to the distributed dedup.processed and never look in a
-    -- generation: a copy of a job claimed in one would be claimed again.
+    -- generation: a copy of a job claimed in one would be claimed again. SHARE mode, to the
+    -- end of this transaction: a dedup.use_generations() under way (it inserts into the
+    -- catalog) is waited for and seen; one that comes after waits, then sees the citus
+    -- extension and refuses.
+    LOCK TABLE dedup.generations IN SHARE MODE;
     IF EXISTS (SELECT FROM dedup.generations) THEN
         PERFORM dedup._raise('55000', 'dedup.distribute: this database uses generations (dedup.use_generations())',
             'Generations are not available on Citus yet, and a database that uses them keeps them: '

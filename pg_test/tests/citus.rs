@@ -106,7 +106,8 @@ fn state_of<T: std::fmt::Debug>(r: Result<T, tokio_postgres::Error>, what: &str)
 /// distributed dedup.processed and never look in a generation, so a copy of a job claimed
 /// in one would be claimed again. `use_generations()` refuses in a database with the citus
 /// extension, distributed yet or not (0A000), on the coordinator and on a worker, and
-/// `distribute()` refuses a database that uses generations (55000). Claims go on.
+/// `distribute()` refuses a database that uses generations (55000), also one whose
+/// `use_generations()` is still open (it waits for it). Claims go on.
 async fn generations_and_citus_exclude_each_other(cc: Cc) -> Result<()> {
     for i in 0..2usize {
         let c = node(&cc, i).await?;
@@ -187,7 +188,34 @@ async fn generations_and_citus_exclude_each_other(cc: Cc) -> Result<()> {
         "dedup.processed distributed after the refusal"
     );
     drop(c);
-    for db in ["gen_citus", "gen_first"] {
+
+    // The two at once: use_generations() open while the citus extension is created and
+    // distribute() called. distribute() waits for it, then refuses.
+    let race_dsn = cc.lock().unwrap().coordinator.dsn("gen_race");
+    coord.batch_execute("CREATE DATABASE gen_race").await?;
+    let a = connect(&race_dsn).await?;
+    a.batch_execute("CREATE EXTENSION dedup").await?;
+    let b = connect(&race_dsn).await?;
+    b.batch_execute("BEGIN; SELECT dedup.use_generations()")
+        .await?;
+    a.batch_execute("CREATE EXTENSION citus").await?;
+    let distributing = tokio::spawn(async move {
+        let r = a.query("SELECT dedup.distribute()", &[]).await;
+        state_of(r, "distribute() beside an open use_generations()")
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        !distributing.is_finished(),
+        "distribute() did not wait for the open use_generations()"
+    );
+    b.batch_execute("COMMIT").await?;
+    let said = distributing.await??;
+    ensure!(
+        said.starts_with("55000") && said.contains("uses generations"),
+        "distribute() after use_generations() committed beside it: {said}"
+    );
+    drop(b);
+    for db in ["gen_citus", "gen_first", "gen_race"] {
         coord
             .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
             .await?;

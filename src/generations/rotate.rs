@@ -79,6 +79,14 @@ pub(crate) fn use_generations() -> String {
         &[DatumWithOid::from(processed)],
         "recording dedup.processed as generation 0",
     );
+    // Again now that the INSERT holds dedup.generations in ROW EXCLUSIVE mode: a
+    // dedup.distribute() that checked for generations holds it in SHARE mode to its end,
+    // so it has ended by now, and the wait for the lock read the catalog's invalidations,
+    // so a citus extension created since the check above is seen. Claims routed by Citus
+    // would never look in a generation (citus::in_database).
+    if citus::in_database() {
+        error::generations_on_citus(F);
+    }
     let retention = Retention::now();
     let rows = load(true);
     let processed = rows.iter().find(|g| g.n == 0);
