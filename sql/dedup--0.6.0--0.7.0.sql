@@ -815,17 +815,6 @@ BEGIN
         PERFORM dedup._raise('55000', 'dedup.distribute: this node is a Citus worker',
             'Call dedup.distribute() on the coordinator.');
     END IF;
-    -- Claims routed by Citus go to the distributed dedup.processed and never look in a
-    -- generation: a copy of a job claimed in one would be claimed again. SHARE mode, to the
-    -- end of this transaction: a dedup.use_generations() under way (it inserts into the
-    -- catalog) is waited for and seen; one that comes after waits, then sees the citus
-    -- extension and refuses.
-    LOCK TABLE dedup.generations IN SHARE MODE;
-    IF EXISTS (SELECT FROM dedup.generations) THEN
-        PERFORM dedup._raise('55000', 'dedup.distribute: this database uses generations (dedup.use_generations())',
-            'Generations are not available on Citus yet, and a database that uses them keeps them: '
-            'distribute the claims of a database that does not use generations.');
-    END IF;
     SELECT d.partmethod::pg_catalog.text INTO held FROM pg_catalog.pg_dist_partition AS d
      WHERE d.logicalrelid = 'dedup.processed'::pg_catalog.regclass;
     IF held = 'h' THEN
@@ -836,6 +825,40 @@ BEGIN
             pg_catalog.format('dedup.distribute: dedup.processed is already a Citus table of another kind (partmethod %s)', held),
             'dedup routes claims only on a table distributed by job_id: undo it with '
             'SELECT undistribute_table(''dedup.processed''), then call dedup.distribute().');
+    END IF;
+    -- Claims routed by Citus go to the distributed dedup.processed and never look in a
+    -- generation: a copy of a job claimed in one would be claimed again. SHARE mode, to the
+    -- end of this transaction: a dedup.use_generations() under way (it inserts into the
+    -- catalog) is waited for and seen by the next statement's snapshot, which READ
+    -- COMMITTED takes after the wait (REPEATABLE READ's was taken before: refused); one that
+    -- comes after waits, then sees the citus extension and refuses.
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        PERFORM dedup._raise('55000',
+            pg_catalog.format('dedup.distribute: run it in a READ COMMITTED transaction, not %s',
+                              pg_catalog.current_setting('transaction_isolation')),
+            'Its check that the database uses no generations must see what committed while it '
+            'waited: call it in BEGIN ISOLATION LEVEL READ COMMITTED, or with '
+            'default_transaction_isolation = ''read committed''.');
+    END IF;
+    LOCK TABLE dedup.generations IN SHARE MODE;
+    IF EXISTS (SELECT FROM dedup.generations) THEN
+        PERFORM dedup._raise('55000', 'dedup.distribute: this database uses generations (dedup.use_generations())',
+            'Generations are not available on Citus yet, and a database that uses them keeps them: '
+            'distribute the claims of a database that does not use generations.');
+    END IF;
+    -- Nor may a worker's database use generations (turned on before the citus extension
+    -- was created there): its claims would be routed past them.
+    SELECT pg_catalog.string_agg(pg_catalog.format('%s:%s', n.nodename, n.nodeport), ', ')
+      INTO held
+      FROM pg_catalog.run_command_on_workers(
+               'SELECT pg_catalog.count(*) FROM dedup.generations') AS r
+      JOIN pg_catalog.pg_dist_node AS n ON n.nodename = r.nodename AND n.nodeport = r.nodeport
+     WHERE r.success AND r.result <> '0';
+    IF held IS NOT NULL THEN
+        PERFORM dedup._raise('55000',
+            pg_catalog.format('dedup.distribute: workers use generations: %s', held),
+            'Generations are not available on Citus yet, and a database that uses them keeps them: '
+            'distribute the claims of a database that does not use generations.');
     END IF;
     -- A claim taken on a worker before now sits in that worker's local table, which
     -- becomes an unread shell: Citus cannot move it. Refuse rather than lose it.

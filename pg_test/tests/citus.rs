@@ -215,7 +215,100 @@ async fn generations_and_citus_exclude_each_other(cc: Cc) -> Result<()> {
         "distribute() after use_generations() committed beside it: {said}"
     );
     drop(b);
-    for db in ["gen_citus", "gen_first", "gen_race"] {
+
+    // distribute() in REPEATABLE READ: its snapshot predates the wait for the catalog's
+    // lock, so it would not see a use_generations() that committed meanwhile: refused.
+    let c = connect(&citus_dsn).await?;
+    let said = state_of(
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT dedup.distribute()")
+            .await,
+        "distribute() in REPEATABLE READ",
+    )?;
+    ensure!(
+        said.starts_with("55000") && said.contains("READ COMMITTED"),
+        "distribute() in REPEATABLE READ: {said}"
+    );
+    drop(c);
+
+    // use_generations() looks for the citus extension again once its INSERT holds the
+    // catalog: one created while it waited for a lock on dedup.generations is seen.
+    let recheck_dsn = cc.lock().unwrap().coordinator.dsn("gen_recheck");
+    coord.batch_execute("CREATE DATABASE gen_recheck").await?;
+    let x = connect(&recheck_dsn).await?;
+    x.batch_execute("CREATE EXTENSION dedup").await?;
+    x.batch_execute("BEGIN; LOCK TABLE dedup.generations IN SHARE MODE")
+        .await?;
+    let b = connect(&recheck_dsn).await?;
+    let turning_on = tokio::spawn(async move {
+        let r = b.query("SELECT dedup.use_generations()", &[]).await;
+        state_of(
+            r,
+            "use_generations() past a citus extension created while it waited",
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        !turning_on.is_finished(),
+        "use_generations() did not wait for the lock on dedup.generations"
+    );
+    x.batch_execute("CREATE EXTENSION citus; COMMIT").await?;
+    let said = turning_on.await??;
+    ensure!(
+        said.starts_with("0A000"),
+        "use_generations() past a citus extension created while it waited: {said}"
+    );
+    drop(x);
+
+    // A worker whose database turned generations on before the citus extension was created
+    // there: distribute() on the coordinator refuses, naming it.
+    let (coord_port, w_dsn, w_port, coord_w_dsn) = {
+        let g = cc.lock().unwrap();
+        (
+            g.coordinator.port,
+            g.workers[0].dsn("gen_worker"),
+            g.workers[0].port,
+            g.coordinator.dsn("gen_worker"),
+        )
+    };
+    coord.batch_execute("CREATE DATABASE gen_worker").await?;
+    let w1 = node(&cc, 1).await?;
+    w1.batch_execute("CREATE DATABASE gen_worker").await?;
+    let w = connect(&w_dsn).await?;
+    w.batch_execute("CREATE EXTENSION dedup").await?;
+    w.query("SELECT dedup.use_generations()", &[]).await?;
+    w.batch_execute("CREATE EXTENSION citus").await?;
+    let c = connect(&coord_w_dsn).await?;
+    c.batch_execute("CREATE EXTENSION citus; CREATE EXTENSION dedup")
+        .await?;
+    c.query(
+        &format!("SELECT pg_catalog.citus_set_coordinator_host('127.0.0.1', {coord_port})"),
+        &[],
+    )
+    .await?;
+    c.query(
+        &format!("SELECT pg_catalog.citus_add_node('127.0.0.1', {w_port})"),
+        &[],
+    )
+    .await?;
+    let said = state_of(
+        c.query("SELECT dedup.distribute()", &[]).await,
+        "distribute() with a worker that uses generations",
+    )?;
+    ensure!(
+        said.starts_with("55000") && said.contains("workers use generations"),
+        "distribute() with a worker that uses generations: {said}"
+    );
+    drop(c);
+    drop(w);
+    w1.batch_execute("DROP DATABASE gen_worker WITH (FORCE)")
+        .await?;
+    for db in [
+        "gen_citus",
+        "gen_first",
+        "gen_race",
+        "gen_recheck",
+        "gen_worker",
+    ] {
         coord
             .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
             .await?;
