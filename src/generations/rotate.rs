@@ -1116,10 +1116,12 @@ fn create_generation(relname: &str) -> pg_sys::Oid {
     // default_table_access_method says (claims are written into the heap directly). No
     // vacuum started by inserts (PostgreSQL 13 on): it is there to set an insert-only table's
     // pages all-visible and freeze them before an anti-wraparound vacuum must, and a
-    // generation takes inserts only and is dropped after its retention, usually long before
-    // that. Flat out it was a vacuum of each generation, some 4 to 7% of the server's CPU
-    // (docs/performance.md, "Generations by CPU"). A vacuum for dead
-    // tuples (forget, a lease that moves) and the anti-wraparound vacuum, which this
+    // generation takes inserts only and is dropped after its retention: before any such
+    // vacuum where a retention's worth of transaction ids stays under
+    // autovacuum_freeze_max_age; past that, it gets one that reads and freezes it whole
+    // (docs/reference/objects.md, dedup.generations). Flat out the insert vacuum was some 4
+    // to 7% of the server's CPU (docs/performance.md, "Generations by CPU"). A vacuum for
+    // dead tuples (forget, a lease that moves) and the anti-wraparound vacuum, which this
     // setting does not stop, still come.
     exec(
         &format!(
