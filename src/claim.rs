@@ -462,9 +462,19 @@ unsafe fn insert_claims_from(
     // in-progress inserter), exactly as after a lost race. A new key saves the check: about
     // a fifth of a batch's cost. A single try_claim always checks first.
     let mut conflicts = false;
-    // Whether a key needs its hash: a summary is in play, unopened or open (set once here;
-    // a generation opened in the loop comes from `unopened`, so it changes nothing).
-    let hashed = !unopened.is_empty() || others.iter().any(|o| o.summary.is_some());
+    // The summary the generation it inserts into fills as its claims go in, if it has one
+    // (`summary::open_collecting`): each key this call inserts is added to it, before the
+    // transaction's end (the seal waits for it), so that the summary holds every key of the
+    // generation once it is sealed.
+    let collecting = gens.as_ref().and_then(|list| {
+        let g = list.current(route);
+        crate::generations::summary::collecting(g.relid, g.n)
+    });
+    // Whether a key needs its hash: a summary is in play, unopened, open or collecting (set
+    // once here; a generation opened in the loop comes from `unopened`, so it changes
+    // nothing).
+    let hashed =
+        !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) || collecting.is_some();
     // A batch's hashes, made first, so that each key can ask for the filter blocks of the
     // key AHEAD places later (`Held::prefetch`): a new key's look-ups then find them in
     // cache instead of missing once per sealed generation, the most a batch key paid for
@@ -569,7 +579,12 @@ unsafe fn insert_claims_from(
             &mut conflicts,
         );
         match step {
-            Some(outcome) => each(i, outcome),
+            Some(outcome) => {
+                if let (Outcome::Claimed, Some(c)) = (&outcome, &collecting) {
+                    c.add(key, row.is_some());
+                }
+                each(i, outcome)
+            }
             None => {
                 next = i;
                 break;

@@ -38,6 +38,10 @@ pub static EXPIRED_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(8 * 1024);
 /// (0: none).
 pub static GENERATION_MEMORY: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
 
+/// `dedup.summaries_as_claimed`: fill each new generation's summary as its claims go in,
+/// instead of reading the generation for it at its seal.
+pub static SUMMARIES_AS_CLAIMED: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// `dedup.expired_lookback`, seconds: how long a pruned claim is remembered at least; -1:
 /// the longest retention in force in the database pruned last.
 pub static EXPIRED_LOOKBACK: GucSetting<i32> = GucSetting::<i32>::new(-1);
@@ -159,6 +163,18 @@ pub fn init() {
         7 * 24 * 3600,
         GucContext::Userset,
         GucFlags::UNIT_S,
+    );
+    GucRegistry::define_bool_guc(
+        c"dedup.summaries_as_claimed",
+        c"Fill each new generation's summary as its claims go in, instead of reading the generation for it at its seal.",
+        c"The filter is opened when the generation is published, sized for twice the claims of \
+          the generation before, and folded down at the seal; one that was moved, lost (a \
+          restart) or is too full is replaced by reading the generation, as with off. \
+          Applies to generations published after it changes. Needs \
+          shared_preload_libraries = 'dedup'.",
+        &SUMMARIES_AS_CLAIMED,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     // A postmaster setting can only be defined while the server starts: only when preloaded.
     // SAFETY: a plain read of the global `bool process_shared_preload_libraries_in_progress`

@@ -376,7 +376,16 @@ pub(crate) fn summarise() -> Vec<String> {
                 relid: g.relid,
             })
             .collect();
-        super::summary::sync(&sealed)
+        let open: Vec<super::summary::Sealed> = list
+            .currents
+            .iter()
+            .chain(list.others.iter().filter(|g| !g.sealed))
+            .map(|g| super::summary::Sealed {
+                n: g.n,
+                relid: g.relid,
+            })
+            .collect();
+        super::summary::sync(&sealed, &open)
     }
 }
 
@@ -1048,6 +1057,43 @@ fn publish_next(
         .unwrap_or_else(|| pgrx::error!("dedup: no generation number is left"));
     let relname = super::relname_of(n);
     let relid = create_generation(&relname);
+    // Its summary, filled as its claims go in (summary::open_collecting), sized by the
+    // claims of the generation it follows: opened before this publication commits, so before
+    // any claim can insert into it.
+    if guc::SUMMARIES_AS_CLAIMED.get() {
+        let expected = from.map_or(0, |g| {
+            super::summary::keys_of_summary(g.relid, g.n).unwrap_or_else(|| {
+                Spi::get_one_with_args::<f32>(
+                    "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
+                      WHERE c.oid OPERATOR(pg_catalog.=) $1",
+                    &[DatumWithOid::from(g.relid)],
+                )
+                .ok()
+                .flatten()
+                .map_or(0, |t| t.max(0.0) as u64)
+            })
+        });
+        // The generations still read (a retired one's summary is freed to make room).
+        let live: Vec<super::summary::Sealed> = rows
+            .iter()
+            .filter(|g| [CURRENT, SEALING, SEALED].contains(&g.state.as_str()))
+            .map(|g| super::summary::Sealed {
+                n: g.n,
+                relid: g.relid,
+            })
+            .collect();
+        let (freed, opened) = super::summary::open_collecting(relid, n, expected, &live);
+        for line in freed {
+            pgrx::log!("dedup: {line}");
+        }
+        // Said where the seal will have to read the generation (a LOG line, as the worker's
+        // own "did not summarise").
+        if opened.starts_with("did not") {
+            pgrx::log!("dedup: {opened}");
+        } else if !opened.is_empty() {
+            pgrx::debug1!("dedup: {opened}");
+        }
+    }
     if let Some(from) = from {
         change_row(
             "UPDATE dedup.generations AS g SET state = 'sealing', waits = NULL \

@@ -135,9 +135,22 @@ struct Slot {
     keys: AtomicU64,
     built_at: AtomicI64,
     /// The latest `lease_expires_at` of its rows when it was built (µs since 2000;
-    /// i64::MIN: none). A sealed generation gains no lease and none changes there (a lease
-    /// taken over, extended or completed moves out), so no lease in it runs past this.
+    /// i64::MIN: none; i64::MAX: not known, for a filter built as its claims went in that
+    /// took a lease function's row). A sealed generation gains no lease and none changes
+    /// there (a lease taken over, extended or completed moves out), so no lease in it runs
+    /// past this.
     leases_until: AtomicI64,
+    /// 1 while the filter is filled as its generation's claims go in ([`open_collecting`]):
+    /// no claim believes its "absent" answers ([`find`] skips it) until the seal has waited
+    /// for every inserter and [`sync`] has adopted it.
+    collecting: AtomicU32,
+    /// The `seq` it was opened at: any later change of the slot (a move, a free) moves
+    /// `seq`, and a filter whose `seq` moved while it was collecting is not adopted (a claim
+    /// may have set its bits where it was before).
+    opened: AtomicU64,
+    /// 1 once a lease function's row went into it while collecting (the leases are then
+    /// looked for at the retirement, as without a summary).
+    leases: AtomicU32,
 }
 
 #[repr(C)]
@@ -293,7 +306,10 @@ pub(crate) fn find(relid: pg_sys::Oid, n: i32) -> Option<Held> {
     let db = u32::from(unsafe { pg_sys::MyDatabaseId });
     for (i, s) in area.slots.iter().enumerate() {
         let seq = s.seq.load(Ordering::Acquire);
-        if seq % 2 == 1 || s.blocks.load(Ordering::Relaxed) == 0 {
+        if seq % 2 == 1
+            || s.blocks.load(Ordering::Relaxed) == 0
+            || s.collecting.load(Ordering::Relaxed) == 1
+        {
             continue;
         }
         if s.db.load(Ordering::Relaxed) == db
@@ -386,6 +402,7 @@ fn free(s: &Slot) {
     // number does (a reader that sees one of them sees seq changed after its read).
     fence(Ordering::Release);
     s.blocks.store(0, Ordering::Relaxed);
+    s.collecting.store(0, Ordering::Relaxed);
     s.seq.fetch_add(1, Ordering::Release);
 }
 
@@ -510,15 +527,17 @@ pub(crate) struct Sealed {
     pub(crate) relid: pg_sys::Oid,
 }
 
-/// Bring this database's filters in line with its sealed generations: free the filters of
-/// generations that are no longer sealed (retired, dropped), and build those missing. What
-/// it did, one line each (nothing: an empty list).
+/// Bring this database's filters in line with its generations: free the filters of
+/// generations that are no longer sealed (retired, dropped), but for those still collecting
+/// of the generations in `open` (current or sealing); adopt the filter a sealed generation
+/// collected as its claims went in ([`adopt`]), and build by a scan those still missing.
+/// What it did, one line each (nothing: an empty list).
 ///
 /// # Safety
 ///
 /// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after the
 /// seal waits of `sealed` are over.
-pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
+pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
     let Some(area) = area() else {
         return Vec::new();
     };
@@ -545,10 +564,17 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
             if s.blocks.load(Ordering::Relaxed) == 0 || s.db.load(Ordering::Relaxed) != db {
                 continue;
             }
-            let keep = files.iter().any(|(g, _)| {
+            let of = |g: &Sealed| {
                 s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
                     && s.n.load(Ordering::Relaxed) == g.n as u32
-            });
+            };
+            // A filter still collecting is kept for a generation current or sealing, and for
+            // a sealed one without a built filter (adopted below); not beside a built one.
+            let keep = if s.collecting.load(Ordering::Relaxed) == 1 {
+                open.iter().any(of) || files.iter().any(|(g, _)| of(g) && !built(area, db, g))
+            } else {
+                files.iter().any(|(g, _)| of(g))
+            };
             if !keep {
                 done.push(format!(
                     "freed the summary of generation {}",
@@ -570,7 +596,19 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
         // them would tell a claim of their jobs that they are not there. The next pass
         // builds it. (A delete of another transaction in progress is seen: its rows are
         // read.)
-        if !built(area, db, g) {
+        // The filter it collected as its claims went in, if it has one and it holds.
+        let adopted = if built(area, db, g) {
+            None
+        } else {
+            adopt(area, db, g, waiting.max(1))
+        };
+        if let Some((line, true)) = &adopted {
+            done.push(line.clone());
+            waiting = waiting.saturating_sub(1);
+        } else if !built(area, db, g) {
+            if let Some((line, false)) = adopted {
+                done.push(line);
+            }
             if super::locked_by_me(g.relid, pg_sys::RowExclusiveLock) {
                 done.push(format!(
                     "did not summarise generation {}: this transaction changed it (a later \
@@ -620,6 +658,7 @@ pub(crate) unsafe fn sync(sealed: &[Sealed]) -> Vec<String> {
 fn built(area: &Area, db: u32, g: &Sealed) -> bool {
     area.slots.iter().any(|s| {
         s.blocks.load(Ordering::Relaxed) > 0
+            && s.collecting.load(Ordering::Relaxed) == 0
             && s.db.load(Ordering::Relaxed) == db
             && s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
             && s.n.load(Ordering::Relaxed) == g.n as u32
@@ -835,6 +874,7 @@ fn place_filter(
     slot.blocks.store(want, Ordering::Relaxed);
     slot.keys.store(hashes.len() as u64, Ordering::Relaxed);
     slot.leases_until.store(leases_until, Ordering::Relaxed);
+    slot.collecting.store(0, Ordering::Relaxed);
     // SAFETY: reads the clock.
     slot.built_at
         .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
@@ -872,6 +912,369 @@ fn place_filter(
         if keys == 1 { "" } else { "s" },
         (want * BLOCK_BYTES as u64).div_ceil(1024)
     )
+}
+
+/// The keys a filter collected as claims went in is sized for at least, when nothing says
+/// how many its generation will take (the first generation of a series: a later one is
+/// sized by the generation before it): an underestimate is read again at the seal.
+const COLLECT_AT_LEAST: u64 = 65_536;
+
+/// Open a filter for generation `n`, table `relid`, of this database, which its claims fill
+/// as they go in ([`Collecting::add`]), sized for twice `expected` keys (the claims of the
+/// generation before; folded down at the seal to what it took: [`adopt`]) within
+/// [`sizing`]'s share of the memory: what was done. The caller is publishing the
+/// generation (under the publishing lock, before its commit): no claim can insert into it
+/// before the filter exists, so every claim of it finds the filter and adds its key, or
+/// finds none (freed meanwhile, or never opened: no room) and the seal reads the table.
+/// Only here is a filter opened for collecting, and only for a generation not yet published
+/// (a filter opened later would lack the keys of the claims before it).
+///
+/// The filters of this database's generations not in `live` (retired or dropped, by this
+/// pass or another: [`sync`] frees them only after the publication) are freed first, so
+/// that a retirement due with the publication makes room for it: said first, one line each.
+pub(crate) fn open_collecting(
+    relid: pg_sys::Oid,
+    n: i32,
+    expected: u64,
+    live: &[Sealed],
+) -> (Vec<String>, String) {
+    let Some(area) = area() else {
+        return (Vec::new(), String::new());
+    };
+    // SAFETY: a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let Some(_busy) = take(area) else {
+        return (
+            Vec::new(),
+            format!(
+                "did not open a summary of generation {n} to fill as claims go in: another \
+                 process was changing the summaries (its seal reads it)"
+            ),
+        );
+    };
+    let mut freed = Vec::new();
+    for s in &area.slots {
+        if s.blocks.load(Ordering::Relaxed) > 0
+            && s.db.load(Ordering::Relaxed) == db
+            && !live.iter().any(|g| {
+                s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
+                    && s.n.load(Ordering::Relaxed) == g.n as u32
+            })
+        {
+            freed.push(format!(
+                "freed the summary of generation {}",
+                s.n.load(Ordering::Relaxed)
+            ));
+            free(s);
+        }
+    }
+    if area.slots.iter().any(|s| {
+        s.blocks.load(Ordering::Relaxed) > 0
+            && s.db.load(Ordering::Relaxed) == db
+            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
+            && s.n.load(Ordering::Relaxed) == n as u32
+    }) {
+        return (freed, String::new());
+    }
+    let keys = expected.saturating_mul(2).max(COLLECT_AT_LEAST);
+    let in_use = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .count() as u64;
+    let (mut want, _) = sizing(keys, area.blocks, in_use, 1, free_blocks(area));
+    // Even, so that it can be folded at least once.
+    want += want % 2;
+    let Some(slot) = area
+        .slots
+        .iter()
+        .find(|s| s.blocks.load(Ordering::Relaxed) == 0)
+    else {
+        return (
+            freed,
+            format!(
+                "did not open a summary of generation {n} to fill as claims go in: all \
+                 {SLOTS} summaries are in use (its seal reads it)"
+            ),
+        );
+    };
+    if gap(area, want).is_none() && free_blocks(area) >= want {
+        compact(area, want);
+    }
+    let Some(offset) = gap(area, want) else {
+        return (
+            freed,
+            format!(
+                "did not open a summary of generation {n} to fill as claims go in: \
+                 dedup.generation_memory has no room for {} kB more (its seal reads it)",
+                (want * BLOCK_BYTES as u64).div_ceil(1024)
+            ),
+        );
+    };
+    let before = slot.seq.fetch_add(1, Ordering::Relaxed);
+    // As in free(): the odd number before any bit.
+    fence(Ordering::Release);
+    for b in offset..offset + want {
+        for w in area.block(b) {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+    slot.db.store(db, Ordering::Relaxed);
+    slot.relid.store(u32::from(relid), Ordering::Relaxed);
+    slot.n.store(n as u32, Ordering::Relaxed);
+    slot.offset.store(offset, Ordering::Relaxed);
+    slot.blocks.store(want, Ordering::Relaxed);
+    slot.keys.store(0, Ordering::Relaxed);
+    slot.leases_until.store(i64::MIN, Ordering::Relaxed);
+    slot.leases.store(0, Ordering::Relaxed);
+    slot.collecting.store(1, Ordering::Relaxed);
+    slot.opened.store(before + 2, Ordering::Relaxed);
+    // SAFETY: reads the clock.
+    slot.built_at
+        .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+    slot.seq.fetch_add(1, Ordering::Release);
+    (
+        freed,
+        format!(
+            "opened a summary of generation {n} to fill as claims go in: {} kB",
+            (want * BLOCK_BYTES as u64).div_ceil(1024)
+        ),
+    )
+}
+
+/// The filter generation `n`, table `relid`, of this database, collects as its claims go
+/// in, if it has one: where a claim that inserted a row there adds its key.
+pub(crate) struct Collecting {
+    slot: usize,
+    offset: u64,
+    blocks: u64,
+}
+
+/// [`Collecting`] for generation `n`, table `relid`: found as [`find`] finds a built one.
+pub(crate) fn collecting(relid: pg_sys::Oid, n: i32) -> Option<Collecting> {
+    let area = area()?;
+    // SAFETY: a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    for (i, s) in area.slots.iter().enumerate() {
+        let seq = s.seq.load(Ordering::Acquire);
+        if seq % 2 == 1
+            || s.collecting.load(Ordering::Relaxed) == 0
+            || s.blocks.load(Ordering::Relaxed) == 0
+            || s.db.load(Ordering::Relaxed) != db
+            || s.relid.load(Ordering::Relaxed) != u32::from(relid)
+            || s.n.load(Ordering::Relaxed) != n as u32
+        {
+            continue;
+        }
+        let (offset, blocks) = (
+            s.offset.load(Ordering::Relaxed),
+            s.blocks.load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        if s.seq.load(Ordering::Relaxed) == seq {
+            return Some(Collecting {
+                slot: i,
+                offset,
+                blocks,
+            });
+        }
+    }
+    None
+}
+
+impl Collecting {
+    /// Add the key of `hash` (a claim's, whose row this transaction inserted into the
+    /// generation and still holds its lock on, so the seal waits for it); `lease`: the row
+    /// is a lease function's. Sets bits only: where the filter was freed or moved since it
+    /// was found, the bits land in blocks of another filter or none (a false positive
+    /// there, never a wrong "absent"), and a filter moved is not adopted ([`adopt`]).
+    #[inline]
+    pub(crate) fn add(&self, hash: u64, lease: bool) {
+        let Some(area) = area() else { return };
+        let (block, bits) = crate::expired::place(hash, self.blocks);
+        for (w, b) in area.block(self.offset + block).iter().zip(bits) {
+            if w.load(Ordering::Relaxed) & b == 0 {
+                w.fetch_or(b, Ordering::Relaxed);
+            }
+        }
+        if lease {
+            let flag = &area.slots[self.slot].leases;
+            if flag.load(Ordering::Relaxed) == 0 {
+                flag.store(1, Ordering::Relaxed);
+            }
+        }
+        // The seal's adoption reads these after the seal wait (this transaction's end, its
+        // locks released, then the worker's look at them): ordered by those locks.
+        fence(Ordering::Release);
+    }
+}
+
+/// The keys a filter of `blocks` blocks holds, estimated from its bits: a key sets one bit
+/// of 64 in each word of its block, so with keys spread over the blocks (Poisson, mean m) a
+/// bit is clear with probability exp(-m/64). None: every bit is set.
+fn estimated_keys(area: &Area, offset: u64, blocks: u64) -> Option<u64> {
+    let mut clear = 0u64;
+    for b in offset..offset + blocks {
+        for w in area.block(b) {
+            clear += u64::from(w.load(Ordering::Relaxed).count_zeros());
+        }
+    }
+    if clear == 0 {
+        return None;
+    }
+    let fraction = clear as f64 / (blocks * BLOCK_BYTES as u64 * 8) as f64;
+    Some((-64.0 * blocks as f64 * fraction.ln()).round() as u64)
+}
+
+/// Adopt the filter sealed generation `g` collected as its claims went in, as its summary,
+/// folded down to what its keys take ([`BITS_PER_KEY`] each, or less when that is all a
+/// filter built by a scan would get now: [`sizing`], with `waiting` generations waiting).
+/// Some((line, true)): adopted; Some((line, false)): it had one, freed as unfit (moved while
+/// collecting, or too full for its keys: the caller reads the table); None: it had none.
+///
+/// Sound because the seal waited for every transaction that could insert into `g`, each of
+/// which added its key before its end when it found the filter, and the filter existed
+/// before the generation was published ([`open_collecting`]): so it holds every key `g` will
+/// ever hold, unless a claim set its bits where it was before a move, which moved `seq`
+/// from `opened`, and such a filter is not adopted.
+fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool)> {
+    let _busy = take(area)?;
+    let slot = area.slots.iter().find(|s| {
+        s.blocks.load(Ordering::Relaxed) > 0
+            && s.collecting.load(Ordering::Relaxed) == 1
+            && s.db.load(Ordering::Relaxed) == db
+            && s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
+            && s.n.load(Ordering::Relaxed) == g.n as u32
+    })?;
+    let (offset, blocks) = (
+        slot.offset.load(Ordering::Relaxed),
+        slot.blocks.load(Ordering::Relaxed),
+    );
+    if slot.seq.load(Ordering::Relaxed) != slot.opened.load(Ordering::Relaxed) {
+        free(slot);
+        return Some((
+            format!(
+                "did not keep the summary generation {} filled as its claims went in: it was \
+                 moved meanwhile (reading the generation instead)",
+                g.n
+            ),
+            false,
+        ));
+    }
+    let in_use = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .count() as u64;
+    let keys = estimated_keys(area, offset, blocks);
+    // What a filter built by a scan would get now, with this one's blocks free.
+    let (rebuilt, _) = keys.map_or((u64::MAX, Sized::Full), |k| {
+        sizing(
+            k,
+            area.blocks,
+            in_use - 1,
+            waiting,
+            free_blocks(area) + blocks,
+        )
+    });
+    let Some(keys) = keys.filter(|&k| {
+        blocks >= blocks_for(k, MIN_BITS_PER_KEY) && blocks.saturating_mul(2) >= rebuilt
+    }) else {
+        free(slot);
+        return Some((
+            format!(
+                "did not keep the summary generation {} filled as its claims went in: {} kB \
+                 hold too few bits for about {} claims (reading the generation instead)",
+                g.n,
+                (blocks * BLOCK_BYTES as u64).div_ceil(1024),
+                keys.map_or("all".to_string(), |k| k.to_string())
+            ),
+            false,
+        ));
+    };
+    slot.seq.fetch_add(1, Ordering::Relaxed);
+    // As in free(): the odd number before any bit.
+    fence(Ordering::Release);
+    // Folded in halves while half is still at least what a filter built by a scan would get
+    // (BITS_PER_KEY a key when the memory has room, [`sizing`]'s share when not): a key's block among `2m` blocks is `b`, among `m` it is `b / 2`
+    // (`expired::block_of` maps the hash's top bits onto the blocks by multiplication), so
+    // block `i` of the half is blocks `2i` and `2i + 1` OR-ed, and a key present before is
+    // present after. In place, from the lowest block up: block `i` is written after blocks
+    // `2i` and `2i + 1` were read, and no block at or above `2i` was written yet.
+    let mut now = blocks;
+    while now % 2 == 0 && now / 2 >= rebuilt {
+        for i in 0..now / 2 {
+            for ((dst, lo), hi) in area
+                .block(offset + i)
+                .iter()
+                .zip(area.block(offset + 2 * i))
+                .zip(area.block(offset + 2 * i + 1))
+            {
+                dst.store(
+                    lo.load(Ordering::Relaxed) | hi.load(Ordering::Relaxed),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        now /= 2;
+    }
+    slot.blocks.store(now, Ordering::Relaxed);
+    slot.keys.store(keys, Ordering::Relaxed);
+    slot.leases_until.store(
+        if slot.leases.load(Ordering::Relaxed) == 1 {
+            i64::MAX
+        } else {
+            i64::MIN
+        },
+        Ordering::Relaxed,
+    );
+    slot.collecting.store(0, Ordering::Relaxed);
+    // SAFETY: reads the clock.
+    slot.built_at
+        .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
+    slot.seq.fetch_add(1, Ordering::Release);
+    let folded = if now < blocks {
+        format!(
+            " (folded from {} kB)",
+            (blocks * BLOCK_BYTES as u64).div_ceil(1024)
+        )
+    } else {
+        String::new()
+    };
+    Some((
+        format!(
+            "summarised generation {} as its claims went in: about {} claim{} in {} kB{folded}",
+            g.n,
+            keys,
+            if keys == 1 { "" } else { "s" },
+            (now * BLOCK_BYTES as u64).div_ceil(1024)
+        ),
+        true,
+    ))
+}
+
+/// The claims generation `n`, table `relid`, of this database holds, as its summary (built
+/// or collecting) has them: None without one. What the next generation's filter is sized by.
+pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Option<u64> {
+    let area = area()?;
+    // SAFETY: a backend global.
+    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
+    let _busy = take(area)?;
+    let s = area.slots.iter().find(|s| {
+        s.blocks.load(Ordering::Relaxed) > 0
+            && s.db.load(Ordering::Relaxed) == db
+            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
+            && s.n.load(Ordering::Relaxed) == n as u32
+    })?;
+    if s.collecting.load(Ordering::Relaxed) == 1 {
+        estimated_keys(
+            area,
+            s.offset.load(Ordering::Relaxed),
+            s.blocks.load(Ordering::Relaxed),
+        )
+    } else {
+        Some(s.keys.load(Ordering::Relaxed))
+    }
 }
 
 /// The databases that have a filter (the launcher looks for dropped ones among them, so a
@@ -948,6 +1351,7 @@ pub(crate) fn generation_summaries() -> TableIterator<
             let seq = s.seq.load(Ordering::Acquire);
             if seq % 2 == 1
                 || s.blocks.load(Ordering::Relaxed) == 0
+                || s.collecting.load(Ordering::Relaxed) == 1
                 || s.db.load(Ordering::Relaxed) != db
                 || s.relid.load(Ordering::Relaxed) != u32::from(g.relid)
                 || s.n.load(Ordering::Relaxed) != g.n as u32
@@ -1019,6 +1423,23 @@ mod tests {
         assert_eq!(sizing(6000, 400, 3, 1, 70), (100, Sized::Share(4)));
         assert_eq!(sizing(6000, 400, 2, 2, 140), (100, Sized::Share(4)));
         assert_eq!(sizing(0, 400, 0, 0, 400), (1, Sized::Full));
+    }
+
+    #[test]
+    fn a_key_of_block_b_among_2m_blocks_is_in_block_b_over_2_among_m() {
+        // What folding a filter in halves (adopt) relies on, for even sizes that are and are
+        // not powers of two.
+        let mut h = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            h = h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            for m in [1u64, 2, 3, 63, 64, 125, 2048, 1_000_003] {
+                assert_eq!(
+                    crate::expired::block_of(h, 2 * m) / 2,
+                    crate::expired::block_of(h, m),
+                    "hash {h:#x}, {m} blocks"
+                );
+            }
+        }
     }
 
     #[test]

@@ -2299,8 +2299,14 @@ pub async fn a_route_moves_only_with_a_publication(_ctx: Ctx) -> Result<()> {
 /// not kept.
 pub async fn a_retirement_reads_no_more_than_it_needs(_ctx: Ctx) -> Result<()> {
     const CLAIMS: i64 = 25_000;
-    let (_cluster, dsn) =
-        server(preloaded("gen-retire-reads").set("dedup.expired_memory", "64kB")).await?;
+    // The summary built by the seal's read, with its exact count (one filled as the claims
+    // go in is not read for, and counts its claims from its bits).
+    let (_cluster, dsn) = server(
+        preloaded("gen-retire-reads")
+            .set("dedup.expired_memory", "64kB")
+            .set("dedup.summaries_as_claimed", "off"),
+    )
+    .await?;
     let a = admin(&dsn).await?;
     use_generations(&a).await?;
     let g1 = current(&a).await?;
@@ -2665,9 +2671,13 @@ pub async fn sealed_generations_are_summarised_and_no_summary_hides_a_claim(
     // 8kB holds one summary of 6,000 claims, not two: generation 0's, at the 6 bits of the
     // least (4,544 bytes: its even share among four, 2,048 bytes, is less; 12,032 at the 16
     // bits it would take), and generation 1, sealed after it, finds no room for the least.
+    // Summaries built by the seal's read of each generation, counted exactly (those filled as
+    // the claims go in: `summaries_filled_as_claims_go_in_hold_every_key`).
     for memory in ["16MB", "8kB", "0"] {
         let (_cluster, dsn) = server(
-            preloaded(&format!("gen-summaries-{memory}")).set("dedup.generation_memory", memory),
+            preloaded(&format!("gen-summaries-{memory}"))
+                .set("dedup.generation_memory", memory)
+                .set("dedup.summaries_as_claimed", "off"),
         )
         .await?;
         let a = admin(&dsn).await?;
@@ -4154,7 +4164,8 @@ async fn worker_rotates(name: &str, role: Option<&str>) -> Result<()> {
     .await?;
     let log = cluster.log_text()[log_from..].to_string();
     for line in [
-        "summarised generation 1: 20 claims in 1 kB",
+        // Filled as its 20 claims went in, from 128 kB (the least it is opened for).
+        "summarised generation 1 as its claims went in: about 20 claims in 1 kB (folded from 128 kB)",
         "freed the summary of generation 1",
     ] {
         if !log.contains(line) {
@@ -4629,4 +4640,163 @@ async fn torture(name: &str, series: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A generation's summary is filled as its claims go in (`summary::open_collecting`, opened
+/// when it is published) and adopted at its seal, folded down to its claims: no read of the
+/// generation. It holds every key the generation took, by `try_claim`, `try_claim_many` and
+/// a lease, so every copy after the seal is found (without the claims' adds, the filter
+/// adopted is empty and each copy was claimed again). A generation whose filter is lost (a
+/// restart) is read at its seal, as with `dedup.summaries_as_claimed = off`.
+pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Result<()> {
+    let (mut cluster, dsn) = server(preloaded("gen-summary-as-claimed")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(claimed(&c, "one-", 2000).await?, 2000, "single claims")?;
+    ensure_eq(
+        one::<i64>(
+            &c,
+            "SELECT count(*) FROM dedup.try_claim_many(\
+               ARRAY(SELECT 'many-' || g FROM generate_series(1, 2000) g))",
+        )
+        .await?,
+        2000,
+        "a batch of claims",
+    )?;
+    let lease: uuid::Uuid = one(
+        &c,
+        "SELECT lease_id FROM dedup.lease('held', 'default', '1 hour')",
+    )
+    .await?;
+    publish(&a).await?;
+    let said = settle_saying(&a).await?;
+    let adopted = format!("summarised generation {g1} as its claims went in: about ");
+    if !said.contains(&adopted) {
+        bail!("the seal of generation {g1} said {said:?}, not {adopted:?}...");
+    }
+    for prefix in ["one-", "many-"] {
+        ensure_eq(
+            copies_of(&c, prefix, 2000).await?,
+            (0, 0),
+            &format!("copies of {prefix}* after the seal (single, batch)"),
+        )?;
+    }
+    let rows = summary_rows(&a).await?;
+    let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
+        bail!("generation {g1} is not summarised: {rows:?}");
+    };
+    // 4,001 claims, estimated from the filter's bits; folded from 128 kB (65,536 claims at 16
+    // bits, the least it is opened for) to 8 kB, 16 to 32 bits a claim.
+    if !(3900..=4100).contains(&keys) {
+        bail!("the summary of generation {g1} counts {keys} claims, not about 4,001");
+    }
+    ensure_eq(bytes, 8192, "the folded summary's size")?;
+    ensure_eq(
+        one::<String>(&c, "SELECT status FROM dedup.lease('held')").await?,
+        "busy".to_string(),
+        "a second lease of the leased job",
+    )?;
+    c.execute("SELECT dedup.complete('held', $1)", &[&lease])
+        .await?;
+    // Generation 2 took claims before a restart, which loses its filter: read at its seal.
+    let g2 = current(&a).await?;
+    ensure_eq(
+        claimed(&c, "two-", 500).await?,
+        500,
+        "claims before the restart",
+    )?;
+    drop((a, c));
+    tokio::task::block_in_place(|| -> Result<()> {
+        cluster.stop("fast")?;
+        cluster.start_again()
+    })?;
+    let a = admin(&dsn).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claimed(&c, "three-", 500).await?,
+        500,
+        "claims after the restart",
+    )?;
+    publish(&a).await?;
+    let said = settle_saying(&a).await?;
+    // 1,000 claims and the lease, moved here by its completion.
+    let read = format!("summarised generation {g2}: 1001 claims in ");
+    if !said.contains(&read) {
+        bail!("the seal of generation {g2} after a restart said {said:?}, not {read:?}...");
+    }
+    for prefix in ["two-", "three-"] {
+        ensure_eq(
+            copies_of(&c, prefix, 500).await?,
+            (0, 0),
+            &format!("copies of {prefix}* after the restart and the seal (single, batch)"),
+        )?;
+    }
+    // And generation 3, published after the restart, fills its summary again.
+    let g3 = current(&a).await?;
+    ensure_eq(
+        claimed(&c, "four-", 300).await?,
+        300,
+        "claims in generation 3",
+    )?;
+    publish(&a).await?;
+    let said = settle_saying(&a).await?;
+    let adopted = format!("summarised generation {g3} as its claims went in: about ");
+    if !said.contains(&adopted) {
+        bail!("the seal of generation {g3} said {said:?}, not {adopted:?}...");
+    }
+    ensure_eq(
+        copies_of(&c, "four-", 300).await?,
+        (0, 0),
+        "copies of four-* after the seal",
+    )?;
+    Ok(())
+}
+
+/// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets (committed).
+async fn claimed(c: &Conn, prefix: &str, n: i64) -> Result<i64> {
+    c.batch_execute("BEGIN").await?;
+    let r = one::<i64>(
+        c,
+        &format!(
+            "SELECT count(*) FROM generate_series(1, {n}) g WHERE dedup.try_claim('{prefix}' || g)"
+        ),
+    )
+    .await;
+    c.batch_execute(if r.is_ok() { "COMMIT" } else { "ROLLBACK" })
+        .await?;
+    r
+}
+
+/// Copies of jobs `{prefix}1` to `{prefix}{n}`, claimed one by one (rolled back) and as a
+/// batch: how many each claimed.
+async fn copies_of(c: &Conn, prefix: &str, n: i64) -> Result<(i64, i64)> {
+    let single = claimable(c, prefix, n).await?;
+    let batch: i64 = one(
+        c,
+        &format!(
+            "SELECT count(*) FROM dedup.try_claim_many(\
+               ARRAY(SELECT '{prefix}' || g FROM generate_series(1, {n}) g))"
+        ),
+    )
+    .await?;
+    Ok((single, batch))
+}
+
+/// [`settle`], saying what each rotation said.
+async fn settle_saying(c: &Conn) -> Result<String> {
+    let mut said = Vec::new();
+    for _ in 0..20 {
+        let sealing: i64 = one(
+            c,
+            "SELECT count(*) FROM dedup.generations WHERE state = 'sealing'",
+        )
+        .await?;
+        if sealing == 0 {
+            return Ok(said.join("; "));
+        }
+        said.push(rotate(c).await?);
+    }
+    bail!("a generation is still sealing after 20 rotations: {said:?}")
 }
