@@ -25,8 +25,17 @@
 //! [`compact`]); it is one range of 64-byte blocks, one cache line read per look-up (the
 //! layout and hash steps of `src/expired`). A generation that does not fit gets no filter.
 //!
+//! **Filled as the claims go in** (`dedup.summaries_as_claimed`, on by default): the
+//! publication opens a filter for the new generation before it commits ([`open_collecting`]),
+//! every claim that inserts a row there sets its key's bits ([`Collecting::add`]), and once
+//! the generation is sealed [`sync`] adopts it ([`adopt`]) instead of reading the table. Its
+//! soundness is the seal's, as above: every inserter ended before the seal, and each added
+//! its key first; a filter a claim may have missed (moved while it collected) is not
+//! adopted, and one that is lost or never opened leaves the table to be read.
+//!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
-//! `dedup.rotate_generations`): it frees the filters of its database's generations that are
+//! `dedup.rotate_generations`), and [`open_collecting`] (the publication) and the claims'
+//! bits in a filter collecting: [`sync`] frees the filters of its database's generations that are
 //! no longer sealed (retired, dropped) and builds the missing ones (when no gap fits a new
 //! one but the free blocks would, it first moves the filters in use, of any database, down
 //! to join them: [`compact`]); the worker frees those of a database that no longer uses
@@ -122,6 +131,7 @@ const BLOCK_BYTES: usize = BLOCK_WORDS * 8;
 
 /// One filter's header.
 #[repr(C)]
+#[derive(Default)]
 struct Slot {
     /// Odd while written; every write moves it by 2 in all.
     seq: AtomicU64,
@@ -430,6 +440,33 @@ fn gap(area: &Area, want: u64) -> Option<u64> {
     (at + want <= area.blocks).then_some(at)
 }
 
+/// A gap of `want` blocks among the filters in use, the highest that fits, at its top (the
+/// writers' flag held): where a filter still collecting goes, which is not moved while it
+/// collects, so that it splits the free blocks below it as little as it can.
+fn gap_at_top(area: &Area, want: u64) -> Option<u64> {
+    let mut used: Vec<(u64, u64)> = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .map(|s| {
+            (
+                s.offset.load(Ordering::Relaxed),
+                s.blocks.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    used.sort_unstable();
+    let mut best = None;
+    let mut at = 0u64;
+    for (offset, blocks) in used.into_iter().chain([(area.blocks, 0)]) {
+        if offset >= at + want {
+            best = Some(offset - want);
+        }
+        at = at.max(offset + blocks);
+    }
+    best
+}
+
 /// The blocks no filter uses (the writers' flag held, or an estimate without it).
 fn free_blocks(area: &Area) -> u64 {
     let used: u64 = area
@@ -451,15 +488,22 @@ fn room_for(area: &Area, want: u64) -> bool {
 }
 
 /// Where each filter in use moves to join the free blocks into one gap at the end: the
-/// slots in use, as (slot, offset, blocks), give (slot, from, to) for each that moves, in
-/// the order to move them (lowest first, each down to the end of the one before, so a
-/// move never overwrites a filter not moved yet).
-fn compaction(mut used: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
-    used.sort_unstable_by_key(|&(_, offset, _)| offset);
+/// slots in use, as (slot, offset, blocks, fixed), give (slot, from, to) for each that
+/// moves, in the order to move them (lowest first, each down to the end of the one before,
+/// so a move never overwrites a filter not moved yet). A fixed one (a filter still
+/// collecting, which claims write into where they found it: moved, it would not be adopted)
+/// stays, and the ones after it move down to its end.
+fn compaction(mut used: Vec<(usize, u64, u64, bool)>) -> Vec<(usize, u64, u64)> {
+    used.sort_unstable_by_key(|&(_, offset, _, _)| offset);
     let mut at = 0;
     let mut moves = Vec::new();
-    for (slot, offset, blocks) in used {
-        // Filters do not overlap: each starts at or after the new end of the one before.
+    for (slot, offset, blocks, fixed) in used {
+        // Filters do not overlap: each starts at or after the new end of the one before,
+        // and one moved ends at or before its old end, below the next one's start.
+        if fixed {
+            at = offset + blocks;
+            continue;
+        }
         if offset > at {
             moves.push((slot, offset, at));
         }
@@ -470,7 +514,8 @@ fn compaction(mut used: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
 
 /// Move the filters in use down, each to the end of the one before it, until a gap of `want`
 /// blocks is free (at the latest when the free blocks are one gap at the end; the writers'
-/// flag held). Filters of about the same size, freed oldest first, leave gaps each a little
+/// flag held; a filter still collecting is not moved, so the free blocks may stay in a gap
+/// below it and one above). Filters of about the same size, freed oldest first, leave gaps each a little
 /// too small for the next one: at the benchmark flat out, 12.6 MB free in three gaps (6.1,
 /// 4.7 and 1.8 MB), none of which held a summary of 6.7 MB. A filter is moved as it is
 /// built: its number is odd while its bits are copied, so a claim that found it before
@@ -479,7 +524,7 @@ fn compaction(mut used: Vec<(usize, u64, u64)>) -> Vec<(usize, u64, u64)> {
 /// copy goes from the lowest block up, the destination below the source. The filters it
 /// moved and their blocks.
 fn compact(area: &Area, want: u64) -> (usize, u64) {
-    let used: Vec<(usize, u64, u64)> = area
+    let used: Vec<(usize, u64, u64, bool)> = area
         .slots
         .iter()
         .enumerate()
@@ -489,6 +534,7 @@ fn compact(area: &Area, want: u64) -> (usize, u64) {
                 i,
                 s.offset.load(Ordering::Relaxed),
                 s.blocks.load(Ordering::Relaxed),
+                s.collecting.load(Ordering::Relaxed) == 1,
             )
         })
         .collect();
@@ -1001,7 +1047,7 @@ pub(crate) fn open_collecting(
     if gap(area, want).is_none() && free_blocks(area) >= want {
         compact(area, want);
     }
-    let Some(offset) = gap(area, want) else {
+    let Some(offset) = gap_at_top(area, want) else {
         return (
             freed,
             format!(
@@ -1154,8 +1200,8 @@ fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool
         free(slot);
         return Some((
             format!(
-                "did not keep the summary generation {} filled as its claims went in: it was \
-                 moved meanwhile (reading the generation instead)",
+                "the summary generation {} filled as its claims went in was moved meanwhile: \
+                 reading the generation instead",
                 g.n
             ),
             false,
@@ -1183,8 +1229,8 @@ fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool
         free(slot);
         return Some((
             format!(
-                "did not keep the summary generation {} filled as its claims went in: {} kB \
-                 hold too few bits for about {} claims (reading the generation instead)",
+                "the summary generation {} filled as its claims went in, {} kB, holds too few \
+                 bits for about {} claims: reading the generation instead",
                 g.n,
                 (blocks * BLOCK_BYTES as u64).div_ceil(1024),
                 keys.map_or("all".to_string(), |k| k.to_string())
@@ -1446,12 +1492,48 @@ mod tests {
     fn compaction_joins_the_gaps_without_overwriting_a_filter_not_moved_yet() {
         // The filter at 0..59 was freed: slot 1 (59..118) moves to 0, slot 2 (130..190)
         // to 59.
-        let moves = compaction(vec![(2, 130, 60), (1, 59, 59)]);
+        let moves = compaction(vec![(2, 130, 60, false), (1, 59, 59, false)]);
         assert_eq!(moves, vec![(1, 59, 0), (2, 130, 59)]);
         // Nothing to move when the filters are end to end from 0.
-        assert_eq!(compaction(vec![(0, 0, 10), (5, 10, 3)]), vec![]);
+        assert_eq!(
+            compaction(vec![(0, 0, 10, false), (5, 10, 3, false)]),
+            vec![]
+        );
         // Each move's destination ends at or below the next one's source.
-        let moves = compaction(vec![(0, 5, 10), (1, 20, 10), (2, 40, 1)]);
+        let moves = compaction(vec![
+            (0, 5, 10, false),
+            (1, 20, 10, false),
+            (2, 40, 1, false),
+        ]);
         assert_eq!(moves, vec![(0, 5, 0), (1, 20, 10), (2, 40, 20)]);
+        // A filter still collecting stays: those below it move down under it, those above
+        // it down to its end.
+        let moves = compaction(vec![
+            (0, 5, 10, false),
+            (1, 30, 10, true),
+            (2, 45, 5, false),
+        ]);
+        assert_eq!(moves, vec![(0, 5, 0), (2, 45, 40)]);
+    }
+
+    #[test]
+    fn a_filter_that_collects_goes_to_the_highest_gap_that_fits() {
+        // Without shared memory there is no Area: the gap search is tested on one made
+        // here, 100 blocks with filters at 10..20 and 50..60.
+        let area = Area {
+            secret: 0,
+            blocks: 100,
+            busy: AtomicU32::new(0),
+            slots: std::array::from_fn(|_| Slot::default()),
+        };
+        for (i, (offset, blocks)) in [(10u64, 10u64), (50, 10)].into_iter().enumerate() {
+            area.slots[i].offset.store(offset, Ordering::Relaxed);
+            area.slots[i].blocks.store(blocks, Ordering::Relaxed);
+        }
+        assert_eq!(gap_at_top(&area, 40), Some(60));
+        assert_eq!(gap_at_top(&area, 30), Some(70));
+        assert_eq!(gap_at_top(&area, 41), None);
+        assert_eq!(gap(&area, 30), Some(20));
+        assert_eq!(gap_at_top(&area, 10), Some(90));
     }
 }
