@@ -64,7 +64,7 @@ stop() {
     pkill -f "pgbench.*$dir" 2>/dev/null || true
     # How the generations server's summaries were made: filled as the claims went in, or
     # read at the seal, and why not the first.
-    [ ! -f "$dir/log2" ] || grep -oE "(summarised generation [0-9]+( as its claims went in)?|did not (keep|open|summarise)[^:]*:[^;(]*)" "$dir/log2" \
+    [ ! -f "$dir/log2" ] || grep -oE "(summarised generation [0-9]+( as its claims went in)?|did not (open|summarise)[^:]*:[^;(]*|the summary generation [0-9]+ filled as its claims went in[^:]*)" "$dir/log2" \
         | sed -E 's/[0-9]+/N/g; s/^/# generations: /' | sort | uniq -c | sort -rn | head -20 >>"$OUT" || true
     for s in "${servers[@]}"; do as_pg "$bindir/pg_ctl" -D "$dir/data$s" -m immediate stop >/dev/null 2>&1 || true; done
     rm -rf "$dir"

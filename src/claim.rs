@@ -501,6 +501,9 @@ unsafe fn insert_claims_from(
         for held in others.iter().filter_map(|o| o.summary.as_ref()) {
             held.prefetch(h);
         }
+        if let Some(c) = &collecting {
+            c.prefetch(h);
+        }
     };
     for h in hashes.iter().take(AHEAD) {
         prefetch(*h, &unopened, &others);
@@ -580,8 +583,10 @@ unsafe fn insert_claims_from(
         );
         match step {
             Some(outcome) => {
+                // A lease function's row with a running lease (a completed lease, moved here
+                // with none, is never reopened in place).
                 if let (Outcome::Claimed, Some(c)) = (&outcome, &collecting) {
-                    c.add(key, row.is_some());
+                    c.add(key, row.is_some_and(|r| r.lease_expires_at.is_some()));
                 }
                 each(i, outcome)
             }

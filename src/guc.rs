@@ -168,8 +168,8 @@ pub fn init() {
         c"dedup.summaries_as_claimed",
         c"Fill each new generation's summary as its claims go in, instead of reading the generation for it at its seal.",
         c"The filter is opened when the generation is published, sized for twice the claims of \
-          the generation before, and folded down at the seal; one that was moved, lost (a \
-          restart) or is too full is replaced by reading the generation, as with off. \
+          the generation before, and folded down at the seal; one never opened (no room), lost \
+          (a restart) or too full is replaced by reading the generation, as with off. \
           Applies to generations published after it changes. Needs \
           shared_preload_libraries = 'dedup'.",
         &SUMMARIES_AS_CLAIMED,

@@ -214,8 +214,9 @@ pub(crate) fn worker_pass(dbname: &str) {
         Ok(Ok(false)) => {
             // A database that no longer uses generations (the extension dropped): free the
             // summaries it left.
-            // SAFETY: a backend global.
-            super::summary::forget_databases(&[unsafe { pg_sys::MyDatabaseId }]);
+            // (But one still being published, by a use_generations() not committed yet.)
+            // SAFETY: in the transaction forget_idle_database needs.
+            let _ = prune::in_transaction(|| unsafe { super::summary::forget_idle_database() });
             return;
         }
         Ok(Err(why)) => {
@@ -364,6 +365,7 @@ pub(crate) fn summarise() -> Vec<String> {
     // SAFETY: in a transaction, under pgrx's guard (the caller's #[pg_extern], or
     // prune::in_transaction's PgTry).
     unsafe {
+        let ended = super::summary::ended_openers();
         let Some(list) = super::load("dedup.rotate_generations") else {
             return Vec::new();
         };
@@ -385,7 +387,7 @@ pub(crate) fn summarise() -> Vec<String> {
                 relid: g.relid,
             })
             .collect();
-        super::summary::sync(&sealed, &open)
+        super::summary::sync(&sealed, &open, &ended)
     }
 }
 
@@ -1060,7 +1062,7 @@ fn publish_next(
     // Its summary, filled as its claims go in (summary::open_collecting), sized by the
     // claims of the generation it follows: opened before this publication commits, so before
     // any claim can insert into it.
-    if guc::SUMMARIES_AS_CLAIMED.get() {
+    if guc::SUMMARIES_AS_CLAIMED.get() && super::summary::available() {
         let expected = from.map_or(0, |g| {
             super::summary::keys_of_summary(g.relid, g.n).unwrap_or_else(|| {
                 Spi::get_one_with_args::<f32>(
@@ -1082,7 +1084,9 @@ fn publish_next(
                 relid: g.relid,
             })
             .collect();
-        let (freed, opened) = super::summary::open_collecting(relid, n, expected, &live);
+        // SAFETY: reads this transaction's state (CREATE TABLE gave it an xid).
+        let opener = unsafe { pg_sys::GetTopTransactionIdIfAny() };
+        let (freed, opened) = super::summary::open_collecting(relid, n, expected, &live, opener);
         for line in freed {
             pgrx::log!("dedup: {line}");
         }

@@ -30,8 +30,9 @@
 //! every claim that inserts a row there sets its key's bits ([`Collecting::add`]), and once
 //! the generation is sealed [`sync`] adopts it ([`adopt`]) instead of reading the table. Its
 //! soundness is the seal's, as above: every inserter ended before the seal, and each added
-//! its key first; a filter a claim may have missed (moved while it collected) is not
-//! adopted, and one that is lost or never opened leaves the table to be read.
+//! its key first; a filter whose `seq` moved from the one it was opened at (no writer moves
+//! one that collects: a check kept for safety) is not adopted, and one that is lost or
+//! never opened leaves the table to be read.
 //!
 //! **Who writes.** Only [`sync`] (the worker after each pass, and
 //! `dedup.rotate_generations`), and [`open_collecting`] (the publication) and the claims'
@@ -158,6 +159,10 @@ struct Slot {
     /// `seq`, and a filter whose `seq` moved while it was collecting is not adopted (a claim
     /// may have set its bits where it was before).
     opened: AtomicU64,
+    /// The transaction that opened it while collecting (the publication's): until it ends
+    /// the generation is in no list another transaction reads, so [`sync`] and
+    /// [`forget_idle_database`] leave the filter alone.
+    opener: AtomicU32,
     /// 1 once a lease function's row went into it while collecting (the leases are then
     /// looked for at the retirement, as without a summary).
     leases: AtomicU32,
@@ -260,6 +265,11 @@ impl Area {
                 .cast::<[AtomicU64; BLOCK_WORDS]>()
         }
     }
+}
+
+/// Is there shared memory for the filters (preloaded, `dedup.generation_memory` above 0)?
+pub(crate) fn available() -> bool {
+    area().is_some()
 }
 
 /// The hash of a key, the same for every filter of this server's life.
@@ -467,6 +477,28 @@ fn gap_at_top(area: &Area, want: u64) -> Option<u64> {
     best
 }
 
+/// The blocks of the largest gap among the filters in use (the writers' flag held).
+fn largest_gap(area: &Area) -> u64 {
+    let mut used: Vec<(u64, u64)> = area
+        .slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .map(|s| {
+            (
+                s.offset.load(Ordering::Relaxed),
+                s.blocks.load(Ordering::Relaxed),
+            )
+        })
+        .collect();
+    used.sort_unstable();
+    let (mut widest, mut at) = (0u64, 0u64);
+    for (offset, blocks) in used.into_iter().chain([(area.blocks, 0)]) {
+        widest = widest.max(offset.saturating_sub(at));
+        at = at.max(offset + blocks);
+    }
+    widest
+}
+
 /// The blocks no filter uses (the writers' flag held, or an estimate without it).
 fn free_blocks(area: &Area) -> u64 {
     let used: u64 = area
@@ -575,7 +607,8 @@ pub(crate) struct Sealed {
 
 /// Bring this database's filters in line with its generations: free the filters of
 /// generations that are no longer sealed (retired, dropped), but for those still collecting
-/// of the generations in `open` (current or sealing); adopt the filter a sealed generation
+/// of the generations in `open` (current or sealing) and those whose publication may not have
+/// ended (not in `ended`, taken by [`ended_openers`] before the list); adopt the filter a sealed generation
 /// collected as its claims went in ([`adopt`]), and build by a scan those still missing.
 /// What it did, one line each (nothing: an empty list).
 ///
@@ -583,7 +616,7 @@ pub(crate) struct Sealed {
 ///
 /// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after the
 /// seal waits of `sealed` are over.
-pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
+pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed], ended: &[u32]) -> Vec<String> {
     let Some(area) = area() else {
         return Vec::new();
     };
@@ -617,7 +650,9 @@ pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
             // A filter still collecting is kept for a generation current or sealing, and for
             // a sealed one without a built filter (adopted below); not beside a built one.
             let keep = if s.collecting.load(Ordering::Relaxed) == 1 {
-                open.iter().any(of) || files.iter().any(|(g, _)| of(g) && !built(area, db, g))
+                open.iter().any(of)
+                    || files.iter().any(|(g, _)| of(g) && !built(area, db, g))
+                    || opening(s, ended)
             } else {
                 files.iter().any(|(g, _)| of(g))
             };
@@ -636,13 +671,8 @@ pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
     // sync: not read again for that.)
     let mut waiting = files.iter().filter(|(g, _)| !built(area, db, g)).count() as u64;
     for (g, rel) in files {
-        // Not by a transaction that deleted from the generation (a `forget`, a lease moved
-        // out, in the caller's transaction of rotate_generations()): its snapshot does not
-        // see the rows it deleted, which come back if it rolls back, and a filter without
-        // them would tell a claim of their jobs that they are not there. The next pass
-        // builds it. (A delete of another transaction in progress is seen: its rows are
-        // read.)
-        // The filter it collected as its claims went in, if it has one and it holds.
+        // The filter it collected as its claims went in, if it has one and it holds (a
+        // delete does not matter to it: it holds every key inserted).
         let adopted = if built(area, db, g) {
             None
         } else {
@@ -655,6 +685,12 @@ pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
             if let Some((line, false)) = adopted {
                 done.push(line);
             }
+            // Not read by a transaction that deleted from the generation (a `forget`, a
+            // lease moved out, in the caller's transaction of rotate_generations()): its
+            // snapshot does not see the rows it deleted, which come back if it rolls back,
+            // and a filter without them would tell a claim of their jobs that they are not
+            // there. The next pass builds it. (A delete of another transaction in progress
+            // is seen: its rows are read.)
             if super::locked_by_me(g.relid, pg_sys::RowExclusiveLock) {
                 done.push(format!(
                     "did not summarise generation {}: this transaction changed it (a later \
@@ -696,6 +732,64 @@ pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed]) -> Vec<String> {
         pg_sys::table_close(rel, pg_sys::NoLock as _);
     }
     done
+}
+
+/// The publications (transaction ids) of the filters collecting that have ended, committed
+/// or rolled back, looked up before the writers' flag is taken (the look-up takes a
+/// lightweight lock, which is not taken under the flag). Until its publication ends a
+/// generation is in no list but its publisher's, so a filter collecting whose opener is not
+/// in it (still in progress, or opened since) is kept ([`opening`]). Taken before the list
+/// of generations is read: a publication that ended by then is in it, if it committed.
+///
+/// # Safety
+///
+/// In a transaction.
+pub(crate) unsafe fn ended_openers() -> Vec<u32> {
+    let Some(area) = area() else {
+        return Vec::new();
+    };
+    let mut ended = Vec::new();
+    for s in &area.slots {
+        let xid = s.opener.load(Ordering::Relaxed);
+        if s.blocks.load(Ordering::Relaxed) > 0
+            && s.collecting.load(Ordering::Relaxed) == 1
+            && !pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(xid))
+        {
+            ended.push(xid);
+        }
+    }
+    ended
+}
+
+/// Is `s` a filter still collecting whose publication may not have ended (its opener not
+/// among `ended`: see [`ended_openers`])?
+fn opening(s: &Slot, ended: &[u32]) -> bool {
+    s.collecting.load(Ordering::Relaxed) == 1 && !ended.contains(&s.opener.load(Ordering::Relaxed))
+}
+
+/// Free the filters of this database, which no longer uses generations (the extension was
+/// dropped; the worker), but one whose publication is still open (a `use_generations()` not
+/// committed yet); how many.
+///
+/// # Safety
+///
+/// In a transaction.
+pub(crate) unsafe fn forget_idle_database() -> usize {
+    let Some(area) = area() else { return 0 };
+    let db = u32::from(pg_sys::MyDatabaseId);
+    let ended = ended_openers();
+    let Some(_busy) = take(area) else { return 0 };
+    let mut n = 0;
+    for s in &area.slots {
+        if s.blocks.load(Ordering::Relaxed) > 0
+            && s.db.load(Ordering::Relaxed) == db
+            && !opening(s, &ended)
+        {
+            free(s);
+            n += 1;
+        }
+    }
+    n
 }
 
 /// Does a filter of generation `g` of database `db` exist, whatever its sequence number
@@ -983,6 +1077,7 @@ pub(crate) fn open_collecting(
     n: i32,
     expected: u64,
     live: &[Sealed],
+    opener: pg_sys::TransactionId,
 ) -> (Vec<String>, String) {
     let Some(area) = area() else {
         return (Vec::new(), String::new());
@@ -1014,14 +1109,6 @@ pub(crate) fn open_collecting(
             free(s);
         }
     }
-    if area.slots.iter().any(|s| {
-        s.blocks.load(Ordering::Relaxed) > 0
-            && s.db.load(Ordering::Relaxed) == db
-            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
-            && s.n.load(Ordering::Relaxed) == n as u32
-    }) {
-        return (freed, String::new());
-    }
     let keys = expected.saturating_mul(2).max(COLLECT_AT_LEAST);
     let in_use = area
         .slots
@@ -1046,6 +1133,17 @@ pub(crate) fn open_collecting(
     };
     if gap(area, want).is_none() && free_blocks(area) >= want {
         compact(area, want);
+    }
+    // Short of room for its share (the summaries of the generations still read, one of them
+    // maybe due for retirement at the next pass, hold it), the largest gap there is, down to
+    // 8 bits a claim of the generation before: adopted at the seal if its claims have at
+    // least 6 bits each and half of what a read would give (`adopt`).
+    if gap_at_top(area, want).is_none() {
+        let least = blocks_for(keys / 2, BITS_PER_KEY / 2);
+        let widest = largest_gap(area);
+        if widest >= least.max(2) {
+            want = widest - widest % 2;
+        }
     }
     let Some(offset) = gap_at_top(area, want) else {
         return (
@@ -1075,6 +1173,7 @@ pub(crate) fn open_collecting(
     slot.leases.store(0, Ordering::Relaxed);
     slot.collecting.store(1, Ordering::Relaxed);
     slot.opened.store(before + 2, Ordering::Relaxed);
+    slot.opener.store(u32::from(opener), Ordering::Relaxed);
     // SAFETY: reads the clock.
     slot.built_at
         .store(unsafe { pg_sys::GetCurrentTimestamp() }, Ordering::Relaxed);
@@ -1129,6 +1228,15 @@ pub(crate) fn collecting(relid: pg_sys::Oid, n: i32) -> Option<Collecting> {
 }
 
 impl Collecting {
+    /// As [`Held::prefetch`], for the block [`Collecting::add`] writes for `hash`.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        let Some(area) = area() else { return };
+        crate::expired::prefetch(
+            area.block(self.offset + crate::expired::block_of(hash, self.blocks)),
+        );
+    }
+
     /// Add the key of `hash` (a claim's, whose row this transaction inserted into the
     /// generation and still holds its lock on, so the seal waits for it); `lease`: the row
     /// is a lease function's. Sets bits only: where the filter was freed or moved since it
@@ -1196,6 +1304,8 @@ fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool
         slot.offset.load(Ordering::Relaxed),
         slot.blocks.load(Ordering::Relaxed),
     );
+    // Moved or rewritten since it was opened: no writer does that to a filter that collects
+    // (a compaction leaves it, `compaction`), so a check kept for safety.
     if slot.seq.load(Ordering::Relaxed) != slot.opened.load(Ordering::Relaxed) {
         free(slot);
         return Some((
@@ -1535,5 +1645,6 @@ mod tests {
         assert_eq!(gap_at_top(&area, 41), None);
         assert_eq!(gap(&area, 30), Some(20));
         assert_eq!(gap_at_top(&area, 10), Some(90));
+        assert_eq!(largest_gap(&area), 40);
     }
 }
