@@ -426,8 +426,9 @@ fn free(s: &Slot) {
     s.seq.fetch_add(1, Ordering::Release);
 }
 
-/// A gap of `want` blocks among the filters in use, first fit (the writers' flag held).
-fn gap(area: &Area, want: u64) -> Option<u64> {
+/// The free gaps among the filters in use, as (first block, blocks), lowest first, the one
+/// after the last filter included (the writers' flag held).
+fn gaps(area: &Area) -> Vec<(u64, u64)> {
     let mut used: Vec<(u64, u64)> = area
         .slots
         .iter()
@@ -440,63 +441,43 @@ fn gap(area: &Area, want: u64) -> Option<u64> {
         })
         .collect();
     used.sort_unstable();
+    let mut gaps = Vec::new();
     let mut at = 0u64;
-    for (offset, blocks) in used {
-        if offset >= at + want {
-            return Some(at);
+    for (offset, blocks) in used.into_iter().chain([(area.blocks, 0)]) {
+        if offset > at {
+            gaps.push((at, offset - at));
         }
         at = at.max(offset + blocks);
     }
-    (at + want <= area.blocks).then_some(at)
+    gaps
+}
+
+/// A gap of `want` blocks among the filters in use, first fit (the writers' flag held).
+fn gap(area: &Area, want: u64) -> Option<u64> {
+    gaps(area)
+        .into_iter()
+        .find(|&(_, len)| len >= want)
+        .map(|(at, _)| at)
 }
 
 /// A gap of `want` blocks among the filters in use, the highest that fits, at its top (the
 /// writers' flag held): where a filter still collecting goes, which is not moved while it
 /// collects, so that it splits the free blocks below it as little as it can.
 fn gap_at_top(area: &Area, want: u64) -> Option<u64> {
-    let mut used: Vec<(u64, u64)> = area
-        .slots
-        .iter()
-        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
-        .map(|s| {
-            (
-                s.offset.load(Ordering::Relaxed),
-                s.blocks.load(Ordering::Relaxed),
-            )
-        })
-        .collect();
-    used.sort_unstable();
-    let mut best = None;
-    let mut at = 0u64;
-    for (offset, blocks) in used.into_iter().chain([(area.blocks, 0)]) {
-        if offset >= at + want {
-            best = Some(offset - want);
-        }
-        at = at.max(offset + blocks);
-    }
-    best
+    gaps(area)
+        .into_iter()
+        .rev()
+        .find(|&(_, len)| len >= want)
+        .map(|(at, len)| at + len - want)
 }
 
 /// The blocks of the largest gap among the filters in use (the writers' flag held).
 fn largest_gap(area: &Area) -> u64 {
-    let mut used: Vec<(u64, u64)> = area
-        .slots
-        .iter()
-        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
-        .map(|s| {
-            (
-                s.offset.load(Ordering::Relaxed),
-                s.blocks.load(Ordering::Relaxed),
-            )
-        })
-        .collect();
-    used.sort_unstable();
-    let (mut widest, mut at) = (0u64, 0u64);
-    for (offset, blocks) in used.into_iter().chain([(area.blocks, 0)]) {
-        widest = widest.max(offset.saturating_sub(at));
-        at = at.max(offset + blocks);
-    }
-    widest
+    gaps(area)
+        .into_iter()
+        .map(|(_, len)| len)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The blocks no filter uses (the writers' flag held, or an estimate without it).

@@ -125,6 +125,12 @@ async fn batch_tx(c: &Conn, sql: &str) -> Result<Vec<String>> {
 
 /// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets now (rolled back).
 async fn claimable(c: &Conn, prefix: &str, n: i64) -> Result<i64> {
+    claims(c, prefix, n, false).await
+}
+
+/// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets, in a transaction that
+/// then commits (`commit`, if the claims did not fail) or rolls back.
+async fn claims(c: &Conn, prefix: &str, n: i64, commit: bool) -> Result<i64> {
     c.batch_execute("BEGIN").await?;
     let r = one::<i64>(
         c,
@@ -133,7 +139,12 @@ async fn claimable(c: &Conn, prefix: &str, n: i64) -> Result<i64> {
         ),
     )
     .await;
-    c.batch_execute("ROLLBACK").await?;
+    c.batch_execute(if commit && r.is_ok() {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    })
+    .await?;
     r
 }
 
@@ -201,22 +212,7 @@ async fn publish(c: &Conn) -> Result<i32> {
 
 /// Rotation steps until no generation is sealing (no transaction is open: each seal is due).
 async fn settle(c: &Conn) -> Result<()> {
-    let mut said = Vec::new();
-    for _ in 0..20 {
-        let sealing: i64 = one(
-            c,
-            "SELECT count(*) FROM dedup.generations WHERE state = 'sealing'",
-        )
-        .await?;
-        if sealing == 0 {
-            return Ok(());
-        }
-        said.push(rotate(c).await?);
-    }
-    bail!(
-        "a generation is still sealing after 20 rotation steps with no transaction open: {}; the steps said {said:?}",
-        catalog(c).await?
-    )
+    settle_saying(c).await.map(drop)
 }
 
 /// Rotation steps, 100 ms apart, until generation `n` is in state `want`; what they said.
@@ -4756,17 +4752,7 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
 
 /// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets (committed).
 async fn claimed(c: &Conn, prefix: &str, n: i64) -> Result<i64> {
-    c.batch_execute("BEGIN").await?;
-    let r = one::<i64>(
-        c,
-        &format!(
-            "SELECT count(*) FROM generate_series(1, {n}) g WHERE dedup.try_claim('{prefix}' || g)"
-        ),
-    )
-    .await;
-    c.batch_execute(if r.is_ok() { "COMMIT" } else { "ROLLBACK" })
-        .await?;
-    r
+    claims(c, prefix, n, true).await
 }
 
 /// Copies of jobs `{prefix}1` to `{prefix}{n}`, claimed one by one (rolled back) and as a
@@ -4784,7 +4770,7 @@ async fn copies_of(c: &Conn, prefix: &str, n: i64) -> Result<(i64, i64)> {
     Ok((single, batch))
 }
 
-/// [`settle`], saying what each rotation said.
+/// [`settle`], saying what each rotation step said.
 async fn settle_saying(c: &Conn) -> Result<String> {
     let mut said = Vec::new();
     for _ in 0..20 {
@@ -4798,5 +4784,8 @@ async fn settle_saying(c: &Conn) -> Result<String> {
         }
         said.push(rotate(c).await?);
     }
-    bail!("a generation is still sealing after 20 rotations: {said:?}")
+    bail!(
+        "a generation is still sealing after 20 rotation steps with no transaction open: {}; the steps said {said:?}",
+        catalog(c).await?
+    )
 }
