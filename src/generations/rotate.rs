@@ -369,25 +369,32 @@ pub(crate) fn summarise() -> Vec<String> {
         let Some(list) = super::load("dedup.rotate_generations") else {
             return Vec::new();
         };
-        let sealed: Vec<super::summary::Sealed> = list
-            .others
-            .iter()
-            .filter(|g| g.sealed)
-            .map(|g| super::summary::Sealed {
-                n: g.n,
-                relid: g.relid,
-            })
-            .collect();
-        let open: Vec<super::summary::Sealed> = list
+        let (sealed, open): (Vec<_>, Vec<_>) = list
             .currents
             .iter()
-            .chain(list.others.iter().filter(|g| !g.sealed))
-            .map(|g| super::summary::Sealed {
-                n: g.n,
-                relid: g.relid,
-            })
-            .collect();
+            .chain(&list.others)
+            .partition(|g| g.sealed);
+        let gens = |l: Vec<&super::Generation>| -> Vec<super::summary::Gen> {
+            l.into_iter().map(super::summary::Gen::from).collect()
+        };
+        let (sealed, open) = (gens(sealed), gens(open));
         super::summary::sync(&sealed, &open, &ended)
+    }
+}
+
+/// The name of this database (in a transaction: a syscache look-up).
+fn this_database() -> String {
+    // SAFETY: in a transaction, under pgrx's guard; get_database_name returns a palloc'd
+    // copy of the name, or NULL for a database dropped meanwhile (not this one, which this
+    // backend is connected to).
+    unsafe {
+        let name = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        if name.is_null() {
+            return String::new();
+        }
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -1076,10 +1083,10 @@ fn publish_next(
             })
         });
         // The generations still read (a retired one's summary is freed to make room).
-        let live: Vec<super::summary::Sealed> = rows
+        let live: Vec<super::summary::Gen> = rows
             .iter()
             .filter(|g| [CURRENT, SEALING, SEALED].contains(&g.state.as_str()))
-            .map(|g| super::summary::Sealed {
+            .map(|g| super::summary::Gen {
                 n: g.n,
                 relid: g.relid,
             })
@@ -1087,15 +1094,18 @@ fn publish_next(
         // SAFETY: reads this transaction's state (CREATE TABLE gave it an xid).
         let opener = unsafe { pg_sys::GetTopTransactionIdIfAny() };
         let (freed, opened) = super::summary::open_collecting(relid, n, expected, &live, opener);
+        // Named as the worker's own lines name it (this may run in a user's
+        // rotate_generations() or use_generations()).
+        let dbname = this_database();
         for line in freed {
-            pgrx::log!("dedup: {line}");
+            pgrx::log!("dedup: database \"{dbname}\": {line}");
         }
         // Said where the seal will have to read the generation (a LOG line, as the worker's
         // own "did not summarise").
         if opened.starts_with("did not") {
-            pgrx::log!("dedup: {opened}");
+            pgrx::log!("dedup: database \"{dbname}\": {opened}");
         } else if !opened.is_empty() {
-            pgrx::debug1!("dedup: {opened}");
+            pgrx::debug1!("dedup: database \"{dbname}\": {opened}");
         }
     }
     if let Some(from) = from {

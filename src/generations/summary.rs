@@ -168,6 +168,21 @@ struct Slot {
     leases: AtomicU32,
 }
 
+impl Slot {
+    /// Is it in use, for generation `n`, table `relid`, of database `db` (collecting or
+    /// built, whatever its `seq`: a seqlock reader checks `seq` around it)?
+    fn is(&self, db: u32, relid: pg_sys::Oid, n: i32) -> bool {
+        self.blocks.load(Ordering::Relaxed) > 0
+            && self.db.load(Ordering::Relaxed) == db
+            && self.relid.load(Ordering::Relaxed) == u32::from(relid)
+            && self.n.load(Ordering::Relaxed) == n as u32
+    }
+
+    fn is_collecting(&self) -> bool {
+        self.collecting.load(Ordering::Relaxed) == 1
+    }
+}
+
 #[repr(C)]
 struct Area {
     /// The hash's seed, random at each start (a role cannot choose job ids whose keys
@@ -321,34 +336,34 @@ pub(crate) const UNSUMMARISED: &str =
 /// holds every key it has. A claim may use it without a lock on the table: a key the filter
 /// does not hold is not in the table, whether or not the table is being dropped.
 pub(crate) fn find(relid: pg_sys::Oid, n: i32) -> Option<Held> {
+    let (slot, seq, offset, blocks) = lookup(relid, n, false)?;
+    Some(Held {
+        slot,
+        seq,
+        offset,
+        blocks,
+    })
+}
+
+/// The filter of generation `n`, table `relid`, of this database, built (`collecting`
+/// false) or still collecting (true), read under its seqlock: its slot, the `seq` it
+/// matched, its first block and its blocks, as one consistent state of the slot.
+fn lookup(relid: pg_sys::Oid, n: i32, collecting: bool) -> Option<(usize, u64, u64, u64)> {
     let area = area()?;
     // SAFETY: a backend global.
     let db = u32::from(unsafe { pg_sys::MyDatabaseId });
     for (i, s) in area.slots.iter().enumerate() {
         let seq = s.seq.load(Ordering::Acquire);
-        if seq % 2 == 1
-            || s.blocks.load(Ordering::Relaxed) == 0
-            || s.collecting.load(Ordering::Relaxed) == 1
-        {
+        if seq % 2 == 1 || s.is_collecting() != collecting || !s.is(db, relid, n) {
             continue;
         }
-        if s.db.load(Ordering::Relaxed) == db
-            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
-            && s.n.load(Ordering::Relaxed) == n as u32
-        {
-            let (offset, blocks) = (
-                s.offset.load(Ordering::Relaxed),
-                s.blocks.load(Ordering::Relaxed),
-            );
-            fence(Ordering::Acquire);
-            if s.seq.load(Ordering::Relaxed) == seq {
-                return Some(Held {
-                    slot: i,
-                    seq,
-                    offset,
-                    blocks,
-                });
-            }
+        let (offset, blocks) = (
+            s.offset.load(Ordering::Relaxed),
+            s.blocks.load(Ordering::Relaxed),
+        );
+        fence(Ordering::Acquire);
+        if s.seq.load(Ordering::Relaxed) == seq {
+            return Some((i, seq, offset, blocks));
         }
     }
     None
@@ -580,10 +595,19 @@ pub fn blocks_for(keys: u64, bits: u64) -> u64 {
     (keys * bits).div_ceil(BLOCK_BYTES as u64 * 8).max(1)
 }
 
-/// One sealed generation to summarise: its number and table.
-pub(crate) struct Sealed {
+/// One generation a summary is for: its number and table.
+pub(crate) struct Gen {
     pub(crate) n: i32,
     pub(crate) relid: pg_sys::Oid,
+}
+
+impl From<&super::Generation> for Gen {
+    fn from(g: &super::Generation) -> Gen {
+        Gen {
+            n: g.n,
+            relid: g.relid,
+        }
+    }
 }
 
 /// Bring this database's filters in line with its generations: free the filters of
@@ -597,7 +621,7 @@ pub(crate) struct Sealed {
 ///
 /// In a transaction of this database, under pgrx's guard (the scans raise ERRORs), after the
 /// seal waits of `sealed` are over.
-pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed], ended: &[u32]) -> Vec<String> {
+pub(crate) unsafe fn sync(sealed: &[Gen], open: &[Gen], ended: &[u32]) -> Vec<String> {
     let Some(area) = area() else {
         return Vec::new();
     };
@@ -624,13 +648,10 @@ pub(crate) unsafe fn sync(sealed: &[Sealed], open: &[Sealed], ended: &[u32]) -> 
             if s.blocks.load(Ordering::Relaxed) == 0 || s.db.load(Ordering::Relaxed) != db {
                 continue;
             }
-            let of = |g: &Sealed| {
-                s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
-                    && s.n.load(Ordering::Relaxed) == g.n as u32
-            };
+            let of = |g: &Gen| s.is(db, g.relid, g.n);
             // A filter still collecting is kept for a generation current or sealing, and for
             // a sealed one without a built filter (adopted below); not beside a built one.
-            let keep = if s.collecting.load(Ordering::Relaxed) == 1 {
+            let keep = if s.is_collecting() {
                 open.iter().any(of)
                     || files.iter().any(|(g, _)| of(g) && !built(area, db, g))
                     || opening(s, ended)
@@ -776,14 +797,10 @@ pub(crate) unsafe fn forget_idle_database() -> usize {
 /// Does a filter of generation `g` of database `db` exist, whatever its sequence number
 /// (a writer may be moving it)? An estimate: [`place_filter`] looks again under the
 /// writers' flag.
-fn built(area: &Area, db: u32, g: &Sealed) -> bool {
-    area.slots.iter().any(|s| {
-        s.blocks.load(Ordering::Relaxed) > 0
-            && s.collecting.load(Ordering::Relaxed) == 0
-            && s.db.load(Ordering::Relaxed) == db
-            && s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
-            && s.n.load(Ordering::Relaxed) == g.n as u32
-    })
+fn built(area: &Area, db: u32, g: &Gen) -> bool {
+    area.slots
+        .iter()
+        .any(|s| !s.is_collecting() && s.is(db, g.relid, g.n))
 }
 
 /// The hashes of every key of `rel` a snapshot taken now sees, and the latest
@@ -917,7 +934,7 @@ const PASS_BATCH: usize = 10_000;
 fn place_filter(
     area: &Area,
     db: u32,
-    g: &Sealed,
+    g: &Gen,
     hashes: &[u64],
     leases_until: i64,
     waiting: u64,
@@ -1057,7 +1074,7 @@ pub(crate) fn open_collecting(
     relid: pg_sys::Oid,
     n: i32,
     expected: u64,
-    live: &[Sealed],
+    live: &[Gen],
     opener: pg_sys::TransactionId,
 ) -> (Vec<String>, String) {
     let Some(area) = area() else {
@@ -1078,10 +1095,7 @@ pub(crate) fn open_collecting(
     for s in &area.slots {
         if s.blocks.load(Ordering::Relaxed) > 0
             && s.db.load(Ordering::Relaxed) == db
-            && !live.iter().any(|g| {
-                s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
-                    && s.n.load(Ordering::Relaxed) == g.n as u32
-            })
+            && !live.iter().any(|g| s.is(db, g.relid, g.n))
         {
             freed.push(format!(
                 "freed the summary of generation {}",
@@ -1178,34 +1192,12 @@ pub(crate) struct Collecting {
 
 /// [`Collecting`] for generation `n`, table `relid`: found as [`find`] finds a built one.
 pub(crate) fn collecting(relid: pg_sys::Oid, n: i32) -> Option<Collecting> {
-    let area = area()?;
-    // SAFETY: a backend global.
-    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
-    for (i, s) in area.slots.iter().enumerate() {
-        let seq = s.seq.load(Ordering::Acquire);
-        if seq % 2 == 1
-            || s.collecting.load(Ordering::Relaxed) == 0
-            || s.blocks.load(Ordering::Relaxed) == 0
-            || s.db.load(Ordering::Relaxed) != db
-            || s.relid.load(Ordering::Relaxed) != u32::from(relid)
-            || s.n.load(Ordering::Relaxed) != n as u32
-        {
-            continue;
-        }
-        let (offset, blocks) = (
-            s.offset.load(Ordering::Relaxed),
-            s.blocks.load(Ordering::Relaxed),
-        );
-        fence(Ordering::Acquire);
-        if s.seq.load(Ordering::Relaxed) == seq {
-            return Some(Collecting {
-                slot: i,
-                offset,
-                blocks,
-            });
-        }
-    }
-    None
+    let (slot, _, offset, blocks) = lookup(relid, n, true)?;
+    Some(Collecting {
+        slot,
+        offset,
+        blocks,
+    })
 }
 
 impl Collecting {
@@ -1272,15 +1264,12 @@ fn estimated_keys(area: &Area, offset: u64, blocks: u64) -> Option<u64> {
 /// before the generation was published ([`open_collecting`]): so it holds every key `g` will
 /// ever hold, unless a claim set its bits where it was before a move, which moved `seq`
 /// from `opened`, and such a filter is not adopted.
-fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool)> {
+fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> {
     let _busy = take(area)?;
-    let slot = area.slots.iter().find(|s| {
-        s.blocks.load(Ordering::Relaxed) > 0
-            && s.collecting.load(Ordering::Relaxed) == 1
-            && s.db.load(Ordering::Relaxed) == db
-            && s.relid.load(Ordering::Relaxed) == u32::from(g.relid)
-            && s.n.load(Ordering::Relaxed) == g.n as u32
-    })?;
+    let slot = area
+        .slots
+        .iter()
+        .find(|s| s.is_collecting() && s.is(db, g.relid, g.n))?;
     let (offset, blocks) = (
         slot.offset.load(Ordering::Relaxed),
         slot.blocks.load(Ordering::Relaxed),
@@ -1394,24 +1383,17 @@ fn adopt(area: &Area, db: u32, g: &Sealed, waiting: u64) -> Option<(String, bool
 /// or collecting) has them: None without one. What the next generation's filter is sized by.
 pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Option<u64> {
     let area = area()?;
-    // SAFETY: a backend global.
-    let db = u32::from(unsafe { pg_sys::MyDatabaseId });
-    let _busy = take(area)?;
-    let s = area.slots.iter().find(|s| {
-        s.blocks.load(Ordering::Relaxed) > 0
-            && s.db.load(Ordering::Relaxed) == db
-            && s.relid.load(Ordering::Relaxed) == u32::from(relid)
-            && s.n.load(Ordering::Relaxed) == n as u32
-    })?;
-    if s.collecting.load(Ordering::Relaxed) == 1 {
-        estimated_keys(
-            area,
-            s.offset.load(Ordering::Relaxed),
-            s.blocks.load(Ordering::Relaxed),
-        )
-    } else {
-        Some(s.keys.load(Ordering::Relaxed))
+    if let Some(held) = find(relid, n) {
+        let keys = area.slots[held.slot].keys.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        return (area.slots[held.slot].seq.load(Ordering::Relaxed) == held.seq).then_some(keys);
     }
+    // Counted without the writers' flag (megabytes of bits, which other writers would
+    // spin on): the offset and blocks are one state of the slot, inside the shared bits,
+    // and a filter freed or moved under the count only misestimates what the next
+    // generation's filter is sized by.
+    let (_, _, offset, blocks) = lookup(relid, n, true)?;
+    estimated_keys(area, offset, blocks)
 }
 
 /// The databases that have a filter (the launcher looks for dropped ones among them, so a
@@ -1486,13 +1468,7 @@ pub(crate) fn generation_summaries() -> TableIterator<
         let mut row = (g.n, g.relid, false, None, None, None, None);
         for s in area().map_or(&[][..], |a| &a.slots[..]) {
             let seq = s.seq.load(Ordering::Acquire);
-            if seq % 2 == 1
-                || s.blocks.load(Ordering::Relaxed) == 0
-                || s.collecting.load(Ordering::Relaxed) == 1
-                || s.db.load(Ordering::Relaxed) != db
-                || s.relid.load(Ordering::Relaxed) != u32::from(g.relid)
-                || s.n.load(Ordering::Relaxed) != g.n as u32
-            {
+            if seq % 2 == 1 || s.is_collecting() || !s.is(db, g.relid, g.n) {
                 continue;
             }
             let (keys, blocks) = (
