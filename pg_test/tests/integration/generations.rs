@@ -4666,19 +4666,13 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
         "SELECT lease_id FROM dedup.lease('held', 'default', '1 hour')",
     )
     .await?;
-    publish(&a).await?;
-    let said = settle_saying(&a).await?;
-    let adopted = format!("summarised generation {g1} as its claims went in: about ");
-    if !said.contains(&adopted) {
-        bail!("the seal of generation {g1} said {said:?}, not {adopted:?}...");
-    }
-    for prefix in ["one-", "many-"] {
-        ensure_eq(
-            copies_of(&c, prefix, 2000).await?,
-            (0, 0),
-            &format!("copies of {prefix}* after the seal (single, batch)"),
-        )?;
-    }
+    seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g1} as its claims went in: about "),
+        &[("one-", 2000), ("many-", 2000)],
+    )
+    .await?;
     let rows = summary_rows(&a).await?;
     let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
         bail!("generation {g1} is not summarised: {rows:?}");
@@ -4715,20 +4709,14 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
         500,
         "claims after the restart",
     )?;
-    publish(&a).await?;
-    let said = settle_saying(&a).await?;
     // 1,000 claims and the lease, moved here by its completion.
-    let read = format!("summarised generation {g2}: 1001 claims in ");
-    if !said.contains(&read) {
-        bail!("the seal of generation {g2} after a restart said {said:?}, not {read:?}...");
-    }
-    for prefix in ["two-", "three-"] {
-        ensure_eq(
-            copies_of(&c, prefix, 500).await?,
-            (0, 0),
-            &format!("copies of {prefix}* after the restart and the seal (single, batch)"),
-        )?;
-    }
+    seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g2}: 1001 claims in "),
+        &[("two-", 500), ("three-", 500)],
+    )
+    .await?;
     // And generation 3, published after the restart, fills its summary again.
     let g3 = current(&a).await?;
     ensure_eq(
@@ -4736,18 +4724,82 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
         300,
         "claims in generation 3",
     )?;
-    publish(&a).await?;
-    let said = settle_saying(&a).await?;
-    let adopted = format!("summarised generation {g3} as its claims went in: about ");
-    if !said.contains(&adopted) {
-        bail!("the seal of generation {g3} said {said:?}, not {adopted:?}...");
+    seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g3} as its claims went in: about "),
+        &[("four-", 300)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A summary filled as its claims went in that is too full for them (opened for the least,
+/// 65,536 claims at 16 bits, 128 kB, then given 200,000: about 5 bits a claim) is not
+/// adopted: the seal says so and reads the generation, and no copy is claimed again.
+pub async fn a_summary_filled_past_its_size_is_not_adopted_but_read(_ctx: Ctx) -> Result<()> {
+    let (_cluster, dsn) = server(preloaded("gen-summary-too-full")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        full_batches(&c).await?,
+        200_000,
+        "claims in 20 batches of 10,000",
+    )?;
+    let said = seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g1}: 200000 claims in "),
+        &[("full-", 2000)],
+    )
+    .await?;
+    let refused = format!(
+        "the summary generation {g1} filled as its claims went in, 128 kB, holds too few bits"
+    );
+    if !said.contains(&refused) {
+        bail!("the seal of generation {g1} said {said:?}, not {refused:?}...");
     }
     ensure_eq(
-        copies_of(&c, "four-", 300).await?,
-        (0, 0),
-        "copies of four-* after the seal",
+        full_batches(&c).await?,
+        0,
+        "copies of all 200,000 claims in batches",
     )?;
     Ok(())
+}
+
+/// Claim `full-1` to `full-200000` in 20 batches of 10,000 (`try_claim_many`'s limit): how
+/// many were claimed.
+async fn full_batches(c: &Conn) -> Result<i64> {
+    one(
+        c,
+        "SELECT sum((SELECT count(*) FROM dedup.try_claim_many(\
+                 ARRAY(SELECT 'full-' || g \
+                         FROM generate_series(p * 10000 + 1, (p + 1) * 10000) g))))::bigint \
+           FROM generate_series(0, 19) p",
+    )
+    .await
+}
+
+/// Publish away from the current generation and settle its seal; a step must have said
+/// `line`, and no copy of the jobs `{prefix}1` to `{prefix}{n}` of each of `jobs` is claimed
+/// again, one by one or as a batch. What the steps said.
+async fn seal_saying(a: &Conn, c: &Conn, line: &str, jobs: &[(&str, i64)]) -> Result<String> {
+    let g = current(a).await?;
+    publish(a).await?;
+    let said = settle_saying(a).await?;
+    if !said.contains(line) {
+        bail!("the seal of generation {g} said {said:?}, not {line:?}...");
+    }
+    for &(prefix, n) in jobs {
+        ensure_eq(
+            copies_of(c, prefix, n).await?,
+            (0, 0),
+            &format!("copies of {prefix}* after the seal of generation {g} (single, batch)"),
+        )?;
+    }
+    Ok(said)
 }
 
 /// Of the jobs `{prefix}1` to `{prefix}{n}`, how many a claim gets (committed).
