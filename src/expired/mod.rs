@@ -350,16 +350,19 @@ fn job_hash(seed: u64, job_id: &str) -> u64 {
     fold(seed, job_id.as_bytes())
 }
 
-/// `bytes` folded into `seed` 8 at a time (FxHash's step: rotate, xor, multiply), the
-/// length first, then splitmix64's finaliser, so that every input bit reaches every output
-/// bit. A few instructions per 8 bytes, where PostgreSQL's hash_bytes_extended took about
-/// 120 for a 19-digit id. Not keyed by itself: the server's random secret in the seed is
-/// what keeps a role from choosing job ids whose keys are another database's (the fold
-/// can be inverted). The summaries' file holds bits placed by it: a change to it is a new
-/// file format.
+/// `bytes` folded into `seed` 8 at a time, the length first: each step XORs 8 bytes into
+/// the state and mixes it with splitmix64's finaliser, a bijection in which every input bit
+/// reaches every output bit, so two keys that differ anywhere have states that differ as
+/// two random ones do from their first differing 8 bytes on (a collision: about 2^-64 a
+/// pair). About ten instructions per 8 bytes, where PostgreSQL's hash_bytes_extended took
+/// about 120 for a 19-digit id. (FxHash's step, rotate, XOR, multiply, used before 0.7.0,
+/// carries a difference only upwards: ids that differed in the high bytes of one 8 and the
+/// low bytes of the next collided, 3% of `full-1` to `full-200000`.) Not keyed by itself:
+/// the server's random secret in the seed is what keeps a role from choosing job ids whose
+/// keys are another database's (the fold can be inverted). The summaries' file holds bits
+/// placed by it: a change to it is a new file format (`file::VERSION`).
 pub(crate) fn fold(seed: u64, bytes: &[u8]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let step = |h: u64, w: u64| (h.rotate_left(5) ^ w).wrapping_mul(K);
+    let step = |h: u64, w: u64| splitmix(h ^ w);
     let mut h = step(seed, bytes.len() as u64);
     let mut chunks = bytes.chunks_exact(8);
     for c in &mut chunks {
@@ -371,7 +374,7 @@ pub(crate) fn fold(seed: u64, bytes: &[u8]) -> u64 {
         w[..rest.len()].copy_from_slice(rest);
         h = step(h, u64::from_le_bytes(w));
     }
-    splitmix(h)
+    h
 }
 
 /// splitmix64's finaliser.
@@ -926,6 +929,32 @@ mod tests {
                 (measured - stated).abs() < stated * 0.15,
                 "{style}: measured {measured}, stated {stated}"
             );
+        }
+    }
+
+    /// Distinct job ids of the shapes consumers use have distinct 64-bit hashes: among
+    /// 300,000 keys of each shape, any collision is a weakness (the chance of one by luck is
+    /// about 2.4e-9). FxHash's step, which the fold used before, lost the differences of an
+    /// id's first 8 bytes' high bytes against its last bytes: 200,000 ids `full-1` to
+    /// `full-200000` had 193,560 hashes, each collision a false positive in every filter
+    /// and a summary's key count estimated 3% low.
+    #[pg_test]
+    fn distinct_keys_have_distinct_hashes() {
+        let db = pg_sys::Oid::from(1u32);
+        type Namer = Box<dyn Fn(u64) -> String>;
+        let styles: [(&str, Namer); 4] = [
+            ("full-N", Box::new(|k| format!("full-{k}"))),
+            ("job-N", Box::new(|k| format!("job-{k}"))),
+            ("numbers", Box::new(|k| (k * 7_919).to_string())),
+            ("orders", Box::new(|k| format!("order:{k:012}:v1"))),
+        ];
+        for (style, name) in styles {
+            let mut hashes: Vec<u64> = (1..=300_000u64)
+                .map(|k| key_hash(db, "default", &name(k)))
+                .collect();
+            hashes.sort_unstable();
+            hashes.dedup();
+            assert_eq!(hashes.len(), 300_000, "{style}: colliding hashes");
         }
     }
 }
