@@ -1070,8 +1070,9 @@ fn publish_next(
     // claims of the generation it follows: opened before this publication commits, so before
     // any claim can insert into it.
     if guc::SUMMARIES_AS_CLAIMED.get() && super::summary::available() {
-        let expected = from.map_or(0, |g| {
-            super::summary::keys_of_summary(g.relid, g.n).unwrap_or_else(|| {
+        // None: not known (no generation before; its table never analysed, reltuples -1).
+        let expected = from.and_then(|g| {
+            super::summary::keys_of_summary(g.relid, g.n).or_else(|| {
                 Spi::get_one_with_args::<f32>(
                     "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
                       WHERE c.oid OPERATOR(pg_catalog.=) $1",
@@ -1079,7 +1080,8 @@ fn publish_next(
                 )
                 .ok()
                 .flatten()
-                .map_or(0, |t| t.max(0.0) as u64)
+                .filter(|&t| t >= 0.0)
+                .map(|t| t as u64)
             })
         });
         // The generations still read (a retired one's summary is freed to make room).

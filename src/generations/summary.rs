@@ -1052,9 +1052,18 @@ fn place_filter(
     )
 }
 
-/// The keys a filter collected as claims went in is sized for at least, when nothing says
-/// how many its generation will take (the first generation of a series: a later one is
-/// sized by the generation before it): an underestimate is read again at the seal.
+/// `blocks` rounded down to its four highest bits (a multiple of 2^j with an odd factor
+/// below 16): a filter that collects has that many, so that [`adopt`] can halve it until
+/// half would hold less than its claims take, from any size down to 8 to 15 blocks. (The
+/// even share of the memory a first generation opens with rarely is one: 5,462 kB took 3
+/// claims, folded once to 2,731 kB, then odd.) Less than an eighth below `blocks`.
+fn foldable(blocks: u64) -> u64 {
+    let shift = (64 - blocks.leading_zeros()).saturating_sub(4);
+    (blocks >> shift) << shift
+}
+
+/// The keys a filter collected as claims went in is sized for at least (a generation that
+/// follows one of fewer claims): an underestimate is read again at the seal.
 const COLLECT_AT_LEAST: u64 = 65_536;
 
 /// Open a filter for generation `n`, table `relid`, of this database, which its claims fill
@@ -1073,7 +1082,7 @@ const COLLECT_AT_LEAST: u64 = 65_536;
 pub(crate) fn open_collecting(
     relid: pg_sys::Oid,
     n: i32,
-    expected: u64,
+    expected: Option<u64>,
     live: &[Gen],
     opener: pg_sys::TransactionId,
 ) -> (Vec<String>, String) {
@@ -1104,15 +1113,27 @@ pub(crate) fn open_collecting(
             free(s);
         }
     }
-    let keys = expected.saturating_mul(2).max(COLLECT_AT_LEAST);
     let in_use = area
         .slots
         .iter()
         .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
         .count() as u64;
-    let (mut want, _) = sizing(keys, area.blocks, in_use, 1, free_blocks(area));
-    // Even, so that it can be folded at least once.
-    want += want % 2;
+    // Twice the claims of the generation before; when nothing says how many (the first
+    // generation of a series, one after a table never analysed, or after a summary too full
+    // to count its keys), as many as an even share of the memory holds: folded at the seal
+    // to what its claims take. (Sized for the least instead, the first generation of a run
+    // flat out took millions of claims into 128 kB and was read at its seal, and so was the
+    // next, sized by it.)
+    let keys = match expected {
+        Some(e) => e.saturating_mul(2),
+        None => {
+            let share = area.blocks / (in_use + 1).max(SHARED_BY_AT_LEAST);
+            share * BLOCK_BYTES as u64 * 8 / BITS_PER_KEY
+        }
+    }
+    .max(COLLECT_AT_LEAST);
+    let (want, _) = sizing(keys, area.blocks, in_use, 1, free_blocks(area));
+    let mut want = foldable(want);
     let Some(slot) = area
         .slots
         .iter()
@@ -1137,7 +1158,7 @@ pub(crate) fn open_collecting(
         let least = blocks_for(keys / 2, BITS_PER_KEY / 2);
         let widest = largest_gap(area);
         if widest >= least.max(2) {
-            want = widest - widest % 2;
+            want = foldable(widest);
         }
     }
     let Some(offset) = gap_at_top(area, want) else {
@@ -1380,7 +1401,9 @@ fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> 
 }
 
 /// The claims generation `n`, table `relid`, of this database holds, as its summary (built
-/// or collecting) has them: None without one. What the next generation's filter is sized by.
+/// or collecting) has them: None without one, or when one collecting is too full to tell
+/// (fewer than [`MIN_BITS_PER_KEY`] bits a claim by its estimate). What the next
+/// generation's filter is sized by.
 pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Option<u64> {
     let area = area()?;
     if let Some(held) = find(relid, n) {
@@ -1393,7 +1416,7 @@ pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Option<u64> {
     // and a filter freed or moved under the count only misestimates what the next
     // generation's filter is sized by.
     let (_, _, offset, blocks) = lookup(relid, n, true)?;
-    estimated_keys(area, offset, blocks)
+    estimated_keys(area, offset, blocks).filter(|&k| blocks >= blocks_for(k, MIN_BITS_PER_KEY))
 }
 
 /// The databases that have a filter (the launcher looks for dropped ones among them, so a
@@ -1581,6 +1604,25 @@ mod tests {
             (2, 45, 5, false),
         ]);
         assert_eq!(moves, vec![(0, 5, 0), (2, 45, 40)]);
+    }
+
+    #[test]
+    fn a_filter_that_collects_folds_to_within_twice_what_its_claims_take() {
+        for blocks in [2u64, 15, 16, 17, 1000, 2048, 87_390, 131_072, 1_000_003] {
+            let f = foldable(blocks);
+            assert!(f <= blocks && f * 8 > blocks * 7, "{blocks} -> {f}");
+            // Halved as adopt halves it, for every size its claims could take.
+            for need in 1..=f {
+                let mut now = f;
+                while now.is_multiple_of(2) && now / 2 >= need {
+                    now /= 2;
+                }
+                assert!(
+                    now >= need && (now < 2 * need || now < 16),
+                    "{blocks} blocks ({f}), {need} needed: folded to {now}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -4160,8 +4160,9 @@ async fn worker_rotates(name: &str, role: Option<&str>) -> Result<()> {
     .await?;
     let log = cluster.log_text()[log_from..].to_string();
     for line in [
-        // Filled as its 20 claims went in, from 128 kB (the least it is opened for).
-        "summarised generation 1 as its claims went in: about 20 claims in 1 kB (folded from 128 kB)",
+        // Filled as its 20 claims went in, from 8 MB (an even share of the 32 MB: nothing
+        // counted dedup.processed's claims, never analysed).
+        "summarised generation 1 as its claims went in: about 20 claims in 1 kB (folded from 8192 kB)",
         "freed the summary of generation 1",
     ] {
         if !log.contains(line) {
@@ -4734,38 +4735,84 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
     Ok(())
 }
 
-/// A summary filled as its claims went in that is too full for them (opened for the least,
-/// 65,536 claims at 16 bits, 128 kB, then given 200,000: about 5 bits a claim) is not
-/// adopted: the seal says so and reads the generation, and no copy is claimed again.
-pub async fn a_summary_filled_past_its_size_is_not_adopted_but_read(_ctx: Ctx) -> Result<()> {
-    let (_cluster, dsn) = server(preloaded("gen-summary-too-full")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
-    let c = claimer(&dsn).await?;
-    ensure_eq(
-        full_batches(&c).await?,
-        200_000,
-        "claims in 20 batches of 10,000",
-    )?;
-    let said = seal_saying(
-        &a,
-        &c,
-        &format!("summarised generation {g1}: 200000 claims in "),
-        &[("full-", 2000)],
-    )
-    .await?;
-    let refused = format!(
-        "the summary generation {g1} filled as its claims went in, 128 kB, holds too few bits"
-    );
-    if !said.contains(&refused) {
-        bail!("the seal of generation {g1} said {said:?}, not {refused:?}...");
+/// The first generation after `use_generations()`, with nothing to say how many claims it
+/// will take (dedup.processed never analysed: its reltuples is -1), opens its summary for an
+/// even share of the memory (8 MB of 32 MB), so that a burst of 200,000 claims is held and
+/// adopted at the seal, folded to what they take. Before, it opened for the least (65,536
+/// claims, 128 kB) and the burst made it too full: the generation was read at its seal.
+///
+/// And a summary filled past its size is not adopted but read: with dedup.processed
+/// analysed (known empty), the first generation opens for the least, 128 kB, and the same
+/// 200,000 claims (about 5 bits each) are refused at the seal, which says so and reads the
+/// generation; no copy is claimed again either way.
+pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -> Result<()> {
+    for analysed in [false, true] {
+        let (_cluster, dsn) = server(preloaded(if analysed {
+            "gen-summary-too-full"
+        } else {
+            "gen-summary-burst"
+        }))
+        .await?;
+        let a = admin(&dsn).await?;
+        if analysed {
+            a.batch_execute("ANALYZE dedup.processed").await?;
+        }
+        ensure_eq(
+            one::<f32>(
+                &a,
+                "SELECT reltuples FROM pg_class WHERE oid = 'dedup.processed'::regclass",
+            )
+            .await?,
+            if analysed { 0.0 } else { -1.0 },
+            "dedup.processed's reltuples",
+        )?;
+        use_generations(&a).await?;
+        let g1 = current(&a).await?;
+        let c = claimer(&dsn).await?;
+        ensure_eq(
+            full_batches(&c).await?,
+            200_000,
+            "claims in 20 batches of 10,000",
+        )?;
+        if analysed {
+            let said = seal_saying(
+                &a,
+                &c,
+                &format!("summarised generation {g1}: 200000 claims in "),
+                &[("full-", 2000)],
+            )
+            .await?;
+            let refused = format!(
+                "the summary generation {g1} filled as its claims went in, 128 kB, holds too \
+                 few bits"
+            );
+            if !said.contains(&refused) {
+                bail!("the seal of generation {g1} said {said:?}, not {refused:?}...");
+            }
+        } else {
+            seal_saying(
+                &a,
+                &c,
+                &format!("summarised generation {g1} as its claims went in: about "),
+                &[("full-", 2000)],
+            )
+            .await?;
+            let rows = summary_rows(&a).await?;
+            let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
+                bail!("generation {g1} is not summarised: {rows:?}");
+            };
+            if !(197_000..=203_000).contains(&keys) {
+                bail!("the summary of generation {g1} counts {keys} claims, not about 200,000");
+            }
+            // Folded from 8 MB while half still holds 16 bits a claim: 512 kB.
+            ensure_eq(bytes, 512 * 1024, "the folded summary's size")?;
+        }
+        ensure_eq(
+            full_batches(&c).await?,
+            0,
+            "copies of all 200,000 claims in batches",
+        )?;
     }
-    ensure_eq(
-        full_batches(&c).await?,
-        0,
-        "copies of all 200,000 claims in batches",
-    )?;
     Ok(())
 }
 
