@@ -5,7 +5,10 @@
 # then published away from, sealed with its summary built (one call of
 # dedup.rotate_generations()), retired once dedup.retention (2 s here) has passed, and
 # dropped; each call's message and time, and the time per claim of each. The worker makes
-# the same calls (src/generations/rotate.rs); here nothing else runs beside them.
+# the same calls (src/generations/rotate.rs); here nothing else runs beside them. With
+# dedup.summaries_as_claimed off: the rows inserted here by hand bypass the claims that fill
+# a summary as they go in, so with it on generation 1's summary would be adopted without
+# their keys and nothing read (the seal's read is what this measures).
 # Env: DEDUP_PG_BINDIR (default: the project's PostgreSQL 15 tree), PORT (54390),
 #      N (3600000: a generation at the flat-out rate of docs/performance.md),
 #      SHARED_BUFFERS (64MB), OUT (results file, appended; default /dev/null)
@@ -17,7 +20,7 @@ PORT=${PORT:-54390}
 N=${N:-3600000}
 OUT=${OUT:-/dev/null}
 throwaway_server "$bindir" "$PORT" dedup-summary-build "shared_preload_libraries = 'dedup'" \
-    "dedup.prune_interval = 0" "dedup.retention = '2 s'" "shared_buffers = ${SHARED_BUFFERS:-64MB}" \
+    "dedup.prune_interval = 0" "dedup.summaries_as_claimed = off" "dedup.retention = '2 s'" "shared_buffers = ${SHARED_BUFFERS:-64MB}" \
     "synchronous_commit = off" "max_wal_size = 4GB"
 export PGHOST=$THROWAWAY_DIR PGPORT=$PORT PGUSER=postgres PGDATABASE=postgres
 psql() { "$bindir/psql" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
