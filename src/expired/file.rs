@@ -8,7 +8,7 @@ pub(super) const FILE: &str = "pg_stat/dedup_expired.stat";
 const FILE_TMP: &str = "pg_stat/dedup_expired.stat.tmp";
 const MAGIC: u32 = 0x4445_4458; // "DEDX"
 /// 2 since 0.7.0: the keys' hash changed (`expired::fold`); a file of 1 holds bits placed by
-/// the old one, and is set aside as of another format.
+/// the old one, and is refused as of another format (and removed, as every file read).
 const VERSION: u32 = 2;
 
 // Layout (little-endian): magic, version, slots, databases per slot (u32 each); blocks per

@@ -1070,19 +1070,20 @@ fn publish_next(
     // claims of the generation it follows: opened before this publication commits, so before
     // any claim can insert into it.
     if guc::SUMMARIES_AS_CLAIMED.get() && super::summary::available() {
-        // None: not known (no generation before; its table never analysed, reltuples -1).
-        let expected = from.and_then(|g| {
-            super::summary::keys_of_summary(g.relid, g.n).or_else(|| {
-                Spi::get_one_with_args::<f32>(
-                    "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
-                      WHERE c.oid OPERATOR(pg_catalog.=) $1",
-                    &[DatumWithOid::from(g.relid)],
-                )
-                .ok()
-                .flatten()
-                .filter(|&t| t >= 0.0)
-                .map(|t| t as u64)
-            })
+        // None: not known (no generation before; its summary too full to count; without a
+        // summary, its table never analysed, reltuples -1).
+        let expected = from.and_then(|g| match super::summary::keys_of_summary(g.relid, g.n) {
+            super::summary::Counted::Keys(k) => Some(k),
+            super::summary::Counted::TooFull => None,
+            super::summary::Counted::NoSummary => Spi::get_one_with_args::<f32>(
+                "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
+                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
+                &[DatumWithOid::from(g.relid)],
+            )
+            .ok()
+            .flatten()
+            .filter(|&t| t >= 0.0)
+            .map(|t| t as u64),
         });
         // The generations still read (a retired one's summary is freed to make room).
         let live: Vec<super::summary::Gen> = rows
@@ -1097,17 +1098,16 @@ fn publish_next(
         let opener = unsafe { pg_sys::GetTopTransactionIdIfAny() };
         let (freed, opened) = super::summary::open_collecting(relid, n, expected, &live, opener);
         // Named as the worker's own lines name it (this may run in a user's
-        // rotate_generations() or use_generations()).
-        let dbname = this_database();
+        // rotate_generations() or use_generations()); the name looked up only to say one.
         for line in freed {
-            pgrx::log!("dedup: database \"{dbname}\": {line}");
+            pgrx::log!("dedup: database \"{}\": {line}", this_database());
         }
         // Said where the seal will have to read the generation (a LOG line, as the worker's
         // own "did not summarise").
         if opened.starts_with("did not") {
-            pgrx::log!("dedup: database \"{dbname}\": {opened}");
+            pgrx::log!("dedup: database \"{}\": {opened}", this_database());
         } else if !opened.is_empty() {
-            pgrx::debug1!("dedup: database \"{dbname}\": {opened}");
+            pgrx::debug1!("dedup: database \"{}\": {opened}", this_database());
         }
     }
     if let Some(from) = from {

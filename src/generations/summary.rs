@@ -1068,8 +1068,9 @@ const COLLECT_AT_LEAST: u64 = 65_536;
 
 /// Open a filter for generation `n`, table `relid`, of this database, which its claims fill
 /// as they go in ([`Collecting::add`]), sized for twice `expected` keys (the claims of the
-/// generation before; folded down at the seal to what it took: [`adopt`]) within
-/// [`sizing`]'s share of the memory: what was done. The caller is publishing the
+/// generation before; None: not known, then for a share of the memory among at least
+/// eight; folded down at the seal to what it took: [`adopt`]) within [`sizing`]'s share of
+/// the memory: what was done. The caller is publishing the
 /// generation (under the publishing lock, before its commit): no claim can insert into it
 /// before the filter exists, so every claim of it finds the filter and adds its key, or
 /// finds none (freed meanwhile, or never opened: no room) and the seal reads the table.
@@ -1120,14 +1121,17 @@ pub(crate) fn open_collecting(
         .count() as u64;
     // Twice the claims of the generation before; when nothing says how many (the first
     // generation of a series, one after a table never analysed, or after a summary too full
-    // to count its keys), as many as an even share of the memory holds: folded at the seal
-    // to what its claims take. (Sized for the least instead, the first generation of a run
-    // flat out took millions of claims into 128 kB and was read at its seal, and so was the
-    // next, sized by it.)
+    // to count its keys), as many as an even share of the memory among at least eight
+    // filters holds (4 MB of the default 32 MB: 2 million claims at 16 bits, and adopted up
+    // to some 5 million): folded at the seal to what its claims take. Among eight, not the
+    // four of `sizing`, so that the series `use_generations()` opens at once (up to four)
+    // leave half the memory to the generations sealed meanwhile, dedup.processed first.
+    // (Sized for the least instead, the first generation of a run flat out took millions
+    // of claims into 128 kB and was read at its seal, and so was the next, sized by it.)
     let keys = match expected {
         Some(e) => e.saturating_mul(2),
         None => {
-            let share = area.blocks / (in_use + 1).max(SHARED_BY_AT_LEAST);
+            let share = area.blocks / (in_use + 1).max(2 * SHARED_BY_AT_LEAST);
             share * BLOCK_BYTES as u64 * 8 / BITS_PER_KEY
         }
     }
@@ -1400,23 +1404,39 @@ fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> 
     ))
 }
 
+/// What the summary of a generation says of how many claims it holds.
+pub(crate) enum Counted {
+    /// About this many (built: counted or estimated at its adoption; collecting: estimated
+    /// from its bits now).
+    Keys(u64),
+    /// It collects and is too full to tell (fewer than [`MIN_BITS_PER_KEY`] bits a claim by
+    /// its estimate): more than it can count, and more than a `reltuples` taken early in
+    /// the generation may say.
+    TooFull,
+    /// It has none.
+    NoSummary,
+}
+
 /// The claims generation `n`, table `relid`, of this database holds, as its summary (built
-/// or collecting) has them: None without one, or when one collecting is too full to tell
-/// (fewer than [`MIN_BITS_PER_KEY`] bits a claim by its estimate). What the next
-/// generation's filter is sized by.
-pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Option<u64> {
-    let area = area()?;
-    if let Some(held) = find(relid, n) {
-        let keys = area.slots[held.slot].keys.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        return (area.slots[held.slot].seq.load(Ordering::Relaxed) == held.seq).then_some(keys);
+/// or collecting) has them. What the next generation's filter is sized by.
+pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Counted {
+    let Some(area) = area() else {
+        return Counted::NoSummary;
+    };
+    if let Some((_, keys)) = built_with(relid, n) {
+        return Counted::Keys(keys);
     }
     // Counted without the writers' flag (megabytes of bits, which other writers would
     // spin on): the offset and blocks are one state of the slot, inside the shared bits,
     // and a filter freed or moved under the count only misestimates what the next
     // generation's filter is sized by.
-    let (_, _, offset, blocks) = lookup(relid, n, true)?;
-    estimated_keys(area, offset, blocks).filter(|&k| blocks >= blocks_for(k, MIN_BITS_PER_KEY))
+    let Some((_, _, offset, blocks)) = lookup(relid, n, true) else {
+        return Counted::NoSummary;
+    };
+    match estimated_keys(area, offset, blocks) {
+        Some(k) if blocks >= blocks_for(k, MIN_BITS_PER_KEY) => Counted::Keys(k),
+        _ => Counted::TooFull,
+    }
 }
 
 /// The databases that have a filter (the launcher looks for dropped ones among them, so a

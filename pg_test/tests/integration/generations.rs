@@ -4160,9 +4160,9 @@ async fn worker_rotates(name: &str, role: Option<&str>) -> Result<()> {
     .await?;
     let log = cluster.log_text()[log_from..].to_string();
     for line in [
-        // Filled as its 20 claims went in, from 8 MB (an even share of the 32 MB: nothing
-        // counted dedup.processed's claims, never analysed).
-        "summarised generation 1 as its claims went in: about 20 claims in 1 kB (folded from 8192 kB)",
+        // Filled as its 20 claims went in, from 4 MB (a share of the 32 MB among eight:
+        // nothing counted dedup.processed's claims, never analysed).
+        "summarised generation 1 as its claims went in: about 20 claims in 1 kB (folded from 4096 kB)",
         "freed the summary of generation 1",
     ] {
         if !log.contains(line) {
@@ -4678,8 +4678,8 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
     let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
         bail!("generation {g1} is not summarised: {rows:?}");
     };
-    // 4,001 claims, estimated from the filter's bits; folded from 128 kB (65,536 claims at 16
-    // bits, the least it is opened for) to 8 kB, 16 to 32 bits a claim.
+    // 4,001 claims, estimated from the filter's bits; folded from 4 MB (a share among eight
+    // of the 32 MB: dedup.processed was never analysed) to 8 kB, 16 to 32 bits a claim.
     if !(3900..=4100).contains(&keys) {
         bail!("the summary of generation {g1} counts {keys} claims, not about 4,001");
     }
@@ -4736,15 +4736,17 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
 }
 
 /// The first generation after `use_generations()`, with nothing to say how many claims it
-/// will take (dedup.processed never analysed: its reltuples is -1), opens its summary for an
-/// even share of the memory (8 MB of 32 MB), so that a burst of 200,000 claims is held and
-/// adopted at the seal, folded to what they take. Before, it opened for the least (65,536
+/// will take (dedup.processed never analysed: its reltuples is -1), opens its summary for a
+/// share of the memory among eight (4 MB of 32 MB), so that a burst of 200,000 claims is
+/// held and adopted at the seal, folded to what they take. Before, it opened for the least (65,536
 /// claims, 128 kB) and the burst made it too full: the generation was read at its seal.
 ///
 /// And a summary filled past its size is not adopted but read: with dedup.processed
 /// analysed (known empty), the first generation opens for the least, 128 kB, and the same
 /// 200,000 claims (about 5 bits each) are refused at the seal, which says so and reads the
-/// generation; no copy is claimed again either way.
+/// generation; no copy is claimed again either way. The generation after it, opened while
+/// that summary was too full to count, opens for a share among eight too, not for what an
+/// ANALYZE early in generation 1 said (10,000 claims), and holds 200,000 of its own.
 pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -> Result<()> {
     for analysed in [false, true] {
         let (_cluster, dsn) = server(preloaded(if analysed {
@@ -4769,11 +4771,23 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
         use_generations(&a).await?;
         let g1 = current(&a).await?;
         let c = claimer(&dsn).await?;
-        ensure_eq(
-            full_batches(&c).await?,
-            200_000,
-            "claims in 20 batches of 10,000",
-        )?;
+        if analysed {
+            // Generation 1 analysed after its first 10,000 claims: a reltuples taken early.
+            ensure_eq(batches(&c, "full-", 0, 0).await?, 10_000, "the first batch")?;
+            a.batch_execute(&format!("ANALYZE dedup.processed_{g1}"))
+                .await?;
+            ensure_eq(
+                batches(&c, "full-", 1, 19).await?,
+                190_000,
+                "claims in 19 batches of 10,000",
+            )?;
+        } else {
+            ensure_eq(
+                full_batches(&c).await?,
+                200_000,
+                "claims in 20 batches of 10,000",
+            )?;
+        }
         if analysed {
             let said = seal_saying(
                 &a,
@@ -4789,6 +4803,22 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
             if !said.contains(&refused) {
                 bail!("the seal of generation {g1} said {said:?}, not {refused:?}...");
             }
+            // Generation 2 was opened while generation 1's summary was too full to count its
+            // claims: for a share among eight, not for the 10,000 its early reltuples said
+            // (which opened it at 128 kB, and 200,000 claims made it too full in turn).
+            let g2 = current(&a).await?;
+            ensure_eq(
+                batches(&c, "next-", 0, 19).await?,
+                200_000,
+                "claims in generation 2",
+            )?;
+            seal_saying(
+                &a,
+                &c,
+                &format!("summarised generation {g2} as its claims went in: about "),
+                &[("next-", 2000)],
+            )
+            .await?;
         } else {
             seal_saying(
                 &a,
@@ -4804,7 +4834,7 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
             if !(197_000..=203_000).contains(&keys) {
                 bail!("the summary of generation {g1} counts {keys} claims, not about 200,000");
             }
-            // Folded from 8 MB while half still holds 16 bits a claim: 512 kB.
+            // Folded from 4 MB while half still holds 16 bits a claim: 512 kB.
             ensure_eq(bytes, 512 * 1024, "the folded summary's size")?;
         }
         ensure_eq(
@@ -4819,12 +4849,20 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
 /// Claim `full-1` to `full-200000` in 20 batches of 10,000 (`try_claim_many`'s limit): how
 /// many were claimed.
 async fn full_batches(c: &Conn) -> Result<i64> {
+    batches(c, "full-", 0, 19).await
+}
+
+/// Claim batches `first` to `last` of 10,000 jobs `{prefix}1` on (batch `p` holds jobs
+/// `p * 10000 + 1` to `(p + 1) * 10000`), in one statement: how many were claimed.
+async fn batches(c: &Conn, prefix: &str, first: i64, last: i64) -> Result<i64> {
     one(
         c,
-        "SELECT sum((SELECT count(*) FROM dedup.try_claim_many(\
-                 ARRAY(SELECT 'full-' || g \
-                         FROM generate_series(p * 10000 + 1, (p + 1) * 10000) g))))::bigint \
-           FROM generate_series(0, 19) p",
+        &format!(
+            "SELECT sum((SELECT count(*) FROM dedup.try_claim_many(\
+                     ARRAY(SELECT '{prefix}' || g \
+                             FROM generate_series(p * 10000 + 1, (p + 1) * 10000) g))))::bigint \
+               FROM generate_series({first}, {last}) p"
+        ),
     )
     .await
 }
