@@ -369,6 +369,14 @@ fn lookup(relid: pg_sys::Oid, n: i32, collecting: bool) -> Option<(usize, u64, u
     None
 }
 
+/// Ask the CPU to bring into its cache the block of `hash` in the filter of `blocks` blocks
+/// from `offset` (for [`Held::prefetch`] and [`Collecting::prefetch`]).
+#[inline]
+fn prefetch_block(offset: u64, blocks: u64, hash: u64) {
+    let Some(area) = area() else { return };
+    crate::expired::prefetch(area.block(offset + crate::expired::block_of(hash, blocks)));
+}
+
 impl Held {
     /// Ask the CPU to bring into its cache the block [`Held::absent`] will read for `hash`,
     /// without waiting for it: a batch asks a few keys ahead, so that a new key's look-up
@@ -376,10 +384,7 @@ impl Held {
     /// its block there. Changes no answer: a hint that reads nothing observable.
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
-        let Some(area) = area() else { return };
-        crate::expired::prefetch(
-            area.block(self.offset + crate::expired::block_of(hash, self.blocks)),
-        );
+        prefetch_block(self.offset, self.blocks, hash);
     }
 
     /// Is the key of `hash` certainly not in the generation? False when it may be, and when
@@ -1229,10 +1234,7 @@ impl Collecting {
     /// As [`Held::prefetch`], for the block [`Collecting::add`] writes for `hash`.
     #[inline]
     pub(crate) fn prefetch(&self, hash: u64) {
-        let Some(area) = area() else { return };
-        crate::expired::prefetch(
-            area.block(self.offset + crate::expired::block_of(hash, self.blocks)),
-        );
+        prefetch_block(self.offset, self.blocks, hash);
     }
 
     /// Add the key of `hash` (a claim's, whose row this transaction inserted into the

@@ -4674,10 +4674,7 @@ pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Resul
         &[("one-", 2000), ("many-", 2000)],
     )
     .await?;
-    let rows = summary_rows(&a).await?;
-    let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
-        bail!("generation {g1} is not summarised: {rows:?}");
-    };
+    let (keys, bytes) = summary_of(&a, g1).await?;
     // 4,001 claims, estimated from the filter's bits; folded from 4 MB (a share among eight
     // of the 32 MB: dedup.processed was never analysed) to 8 kB, 16 to 32 bits a claim.
     if !(3900..=4100).contains(&keys) {
@@ -4827,10 +4824,7 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
                 &[("full-", 2000)],
             )
             .await?;
-            let rows = summary_rows(&a).await?;
-            let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g1) else {
-                bail!("generation {g1} is not summarised: {rows:?}");
-            };
+            let (keys, bytes) = summary_of(&a, g1).await?;
             if !(197_000..=203_000).contains(&keys) {
                 bail!("the summary of generation {g1} counts {keys} claims, not about 200,000");
             }
@@ -4844,6 +4838,16 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
         )?;
     }
     Ok(())
+}
+
+/// The claims and bytes of generation `g`'s summary (`dedup.generation_summaries()`), or an
+/// error if it has none.
+async fn summary_of(a: &Conn, g: i32) -> Result<(i64, i64)> {
+    let rows = summary_rows(a).await?;
+    let Some(&(_, true, Some(keys), Some(bytes))) = rows.iter().find(|r| r.0 == g) else {
+        bail!("generation {g} is not summarised: {rows:?}");
+    };
+    Ok((keys, bytes))
 }
 
 /// Claim `full-1` to `full-200000` in 20 batches of 10,000 (`try_claim_many`'s limit): how
