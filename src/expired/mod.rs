@@ -936,8 +936,8 @@ mod tests {
     /// 300,000 keys of each shape, any collision is a weakness (the chance of one by luck is
     /// about 2.4e-9). FxHash's step, which the fold used before, lost the differences of an
     /// id's first 8 bytes' high bytes against its last bytes: 200,000 ids `full-1` to
-    /// `full-200000` had about 3% fewer hashes (193,424 with the secret 0), each collision a false positive in every filter
-    /// and a summary's key count estimated 3% low.
+    /// `full-200000` had about 3% fewer hashes (193,424 with the secret 0), each collision a
+    /// false positive in every filter and a summary's key count estimated 3% low.
     #[pg_test]
     fn distinct_keys_have_distinct_hashes() {
         let db = pg_sys::Oid::from(1u32);

@@ -1070,20 +1070,25 @@ fn publish_next(
     // claims of the generation it follows: opened before this publication commits, so before
     // any claim can insert into it.
     if guc::SUMMARIES_AS_CLAIMED.get() && super::summary::available() {
-        // None: not known (no generation before; its summary too full to count; without a
-        // summary, its table never analysed, reltuples -1).
-        let expected = from.and_then(|g| match super::summary::keys_of_summary(g.relid, g.n) {
-            super::summary::Counted::Keys(k) => Some(k),
-            super::summary::Counted::TooFull => None,
-            super::summary::Counted::NoSummary => Spi::get_one_with_args::<f32>(
-                "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
-                  WHERE c.oid OPERATOR(pg_catalog.=) $1",
-                &[DatumWithOid::from(g.relid)],
-            )
-            .ok()
-            .flatten()
-            .filter(|&t| t >= 0.0)
-            .map(|t| t as u64),
+        use super::summary::{Counted, Expected};
+        let expected = from.map_or(Expected::NotKnown { at_least: 0 }, |g| {
+            match super::summary::keys_of_summary(g.relid, g.n) {
+                Counted::Keys(k) => Expected::Keys(k),
+                Counted::TooFull { at_least } => Expected::NotKnown { at_least },
+                // Without a summary (a restart lost it, or it found no room), what its table's
+                // last ANALYZE or VACUUM counted; -1: never.
+                Counted::NoSummary => Spi::get_one_with_args::<f32>(
+                    "SELECT c.reltuples FROM pg_catalog.pg_class AS c \
+                      WHERE c.oid OPERATOR(pg_catalog.=) $1",
+                    &[DatumWithOid::from(g.relid)],
+                )
+                .ok()
+                .flatten()
+                .filter(|&t| t >= 0.0)
+                .map_or(Expected::NotKnown { at_least: 0 }, |t| {
+                    Expected::Keys(t as u64)
+                }),
+            }
         });
         // The generations still read (a retired one's summary is freed to make room).
         let live: Vec<super::summary::Gen> = rows

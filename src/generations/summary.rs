@@ -1067,14 +1067,23 @@ fn foldable(blocks: u64) -> u64 {
     (blocks >> shift) << shift
 }
 
+/// How many claims a new generation's filter is opened for ([`open_collecting`]).
+pub(crate) enum Expected {
+    /// About as many as the generation before it had: twice this.
+    Keys(u64),
+    /// Not known (no generation before; its summary too full to count; without a summary,
+    /// its table never analysed), but at least `at_least`.
+    NotKnown { at_least: u64 },
+}
+
 /// The keys a filter collected as claims went in is sized for at least (a generation that
 /// follows one of fewer claims): an underestimate is read again at the seal.
 const COLLECT_AT_LEAST: u64 = 65_536;
 
 /// Open a filter for generation `n`, table `relid`, of this database, which its claims fill
 /// as they go in ([`Collecting::add`]), sized for twice `expected` keys (the claims of the
-/// generation before; None: not known, then for a share of the memory among at least
-/// eight; folded down at the seal to what it took: [`adopt`]) within [`sizing`]'s share of
+/// generation before; not known, a share of the memory among at least eight, or twice
+/// what it had at least if more; folded down at the seal to what it took: [`adopt`]) within [`sizing`]'s share of
 /// the memory: what was done. The caller is publishing the
 /// generation (under the publishing lock, before its commit): no claim can insert into it
 /// before the filter exists, so every claim of it finds the filter and adds its key, or
@@ -1088,7 +1097,7 @@ const COLLECT_AT_LEAST: u64 = 65_536;
 pub(crate) fn open_collecting(
     relid: pg_sys::Oid,
     n: i32,
-    expected: Option<u64>,
+    expected: Expected,
     live: &[Gen],
     opener: pg_sys::TransactionId,
 ) -> (Vec<String>, String) {
@@ -1133,11 +1142,14 @@ pub(crate) fn open_collecting(
     // leave half the memory to the generations sealed meanwhile, dedup.processed first.
     // (Sized for the least instead, the first generation of a run flat out took millions
     // of claims into 128 kB and was read at its seal, and so was the next, sized by it.)
+    // Not known but at least some (a summary too full to count), twice that if more: a
+    // generation past what the share holds, read at each seal, would otherwise open the
+    // next at the share again, and be read again.
     let keys = match expected {
-        Some(e) => e.saturating_mul(2),
-        None => {
+        Expected::Keys(e) => e.saturating_mul(2),
+        Expected::NotKnown { at_least } => {
             let share = area.blocks / (in_use + 1).max(2 * SHARED_BY_AT_LEAST);
-            share * BLOCK_BYTES as u64 * 8 / BITS_PER_KEY
+            (share * BLOCK_BYTES as u64 * 8 / BITS_PER_KEY).max(at_least.saturating_mul(2))
         }
     }
     .max(COLLECT_AT_LEAST);
@@ -1412,9 +1424,9 @@ pub(crate) enum Counted {
     /// from its bits now).
     Keys(u64),
     /// It collects and is too full to tell (fewer than [`MIN_BITS_PER_KEY`] bits a claim by
-    /// its estimate): more than it can count, and more than a `reltuples` taken early in
-    /// the generation may say.
-    TooFull,
+    /// its estimate): more than it can count, at least the claims its bits hold at that
+    /// rate, and more than a `reltuples` taken early in the generation may say.
+    TooFull { at_least: u64 },
     /// It has none.
     NoSummary,
 }
@@ -1437,7 +1449,9 @@ pub(crate) fn keys_of_summary(relid: pg_sys::Oid, n: i32) -> Counted {
     };
     match estimated_keys(area, offset, blocks) {
         Some(k) if blocks >= blocks_for(k, MIN_BITS_PER_KEY) => Counted::Keys(k),
-        _ => Counted::TooFull,
+        _ => Counted::TooFull {
+            at_least: blocks * BLOCK_BYTES as u64 * 8 / MIN_BITS_PER_KEY,
+        },
     }
 }
 
