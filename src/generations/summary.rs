@@ -595,6 +595,16 @@ fn compact(area: &Area, want: u64) -> (usize, u64) {
     moved
 }
 
+/// "N claim(s) in M kB", of a summary of `keys` claims in `blocks` blocks (as the lines that
+/// say a summary was made put it).
+fn claims_in(keys: u64, blocks: u64) -> String {
+    format!(
+        "{keys} claim{} in {} kB",
+        if keys == 1 { "" } else { "s" },
+        (blocks * BLOCK_BYTES as u64).div_ceil(1024)
+    )
+}
+
 /// The blocks a filter of `keys` keys at `bits` bits per key takes.
 pub fn blocks_for(keys: u64, bits: u64) -> u64 {
     (keys * bits).div_ceil(BLOCK_BYTES as u64 * 8).max(1)
@@ -1049,11 +1059,9 @@ fn place_filter(
         )
     });
     format!(
-        "summarised generation {}: {} claim{} in {} kB{fewer}{compacted}",
+        "summarised generation {}: {}{fewer}{compacted}",
         g.n,
-        keys,
-        if keys == 1 { "" } else { "s" },
-        (want * BLOCK_BYTES as u64).div_ceil(1024)
+        claims_in(keys, want)
     )
 }
 
@@ -1408,11 +1416,9 @@ fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> 
     };
     Some((
         format!(
-            "summarised generation {} as its claims went in: about {} claim{} in {} kB{folded}",
+            "summarised generation {} as its claims went in: about {}{folded}",
             g.n,
-            keys,
-            if keys == 1 { "" } else { "s" },
-            (now * BLOCK_BYTES as u64).div_ceil(1024)
+            claims_in(keys, now)
         ),
         true,
     ))

@@ -4807,19 +4807,7 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
             // Generation 2 was opened while generation 1's summary was too full to count its
             // claims: for a share among eight, not for the 10,000 its early reltuples said
             // (which opened it at 128 kB, and 200,000 claims made it too full in turn).
-            let g2 = current(&a).await?;
-            ensure_eq(
-                batches(&c, "next-", 0, 19).await?,
-                200_000,
-                "claims in generation 2",
-            )?;
-            seal_saying(
-                &a,
-                &c,
-                &format!("summarised generation {g2} as its claims went in: about "),
-                &[("next-", 2000)],
-            )
-            .await?;
+            next_generation_is_adopted(&a, &c).await?;
         } else {
             seal_saying(
                 &a,
@@ -4868,19 +4856,7 @@ pub async fn a_generation_past_its_share_opens_the_next_for_more(_ctx: Ctx) -> R
         &[("full-", 2000)],
     )
     .await?;
-    let g2 = current(&a).await?;
-    ensure_eq(
-        batches(&c, "next-", 0, 19).await?,
-        200_000,
-        "claims in generation 2",
-    )?;
-    seal_saying(
-        &a,
-        &c,
-        &format!("summarised generation {g2} as its claims went in: about "),
-        &[("next-", 2000)],
-    )
-    .await?;
+    next_generation_is_adopted(&a, &c).await?;
     ensure_eq(
         full_batches(&c).await?,
         0,
@@ -4891,6 +4867,25 @@ pub async fn a_generation_past_its_share_opens_the_next_for_more(_ctx: Ctx) -> R
         0,
         "copies of generation 2's claims",
     )?;
+    Ok(())
+}
+
+/// 200,000 claims `next-1` to `next-200000` into the current generation, whose summary
+/// must then be adopted at its seal (and every copy found after it).
+async fn next_generation_is_adopted(a: &Conn, c: &Conn) -> Result<()> {
+    let g = current(a).await?;
+    ensure_eq(
+        batches(c, "next-", 0, 19).await?,
+        200_000,
+        &format!("claims in generation {g}"),
+    )?;
+    seal_saying(
+        a,
+        c,
+        &format!("summarised generation {g} as its claims went in: about "),
+        &[("next-", 2000)],
+    )
+    .await?;
     Ok(())
 }
 
