@@ -500,6 +500,14 @@ fn largest_gap(area: &Area) -> u64 {
         .unwrap_or(0)
 }
 
+/// How many slots hold a summary (the writers' flag held, or an estimate without it).
+fn in_use(area: &Area) -> u64 {
+    area.slots
+        .iter()
+        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
+        .count() as u64
+}
+
 /// The blocks no filter uses (the writers' flag held, or an estimate without it).
 fn free_blocks(area: &Area) -> u64 {
     let used: u64 = area
@@ -968,11 +976,7 @@ fn place_filter(
         );
     }
     let keys = hashes.len() as u64;
-    let in_use = area
-        .slots
-        .iter()
-        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
-        .count() as u64;
+    let in_use = in_use(area);
     let (want, why) = sizing(keys, area.blocks, in_use, waiting, free_blocks(area));
     let Some(slot) = area
         .slots
@@ -1136,11 +1140,7 @@ pub(crate) fn open_collecting(
             free(s);
         }
     }
-    let in_use = area
-        .slots
-        .iter()
-        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
-        .count() as u64;
+    let in_use = in_use(area);
     // Twice the claims of the generation before; when nothing says how many (the first
     // generation of a series, one after a table never analysed, or after a summary too full
     // to count its keys), as many as an even share of the memory among at least eight
@@ -1334,11 +1334,7 @@ fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> 
             false,
         ));
     }
-    let in_use = area
-        .slots
-        .iter()
-        .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
-        .count() as u64;
+    let in_use = in_use(area);
     let keys = estimated_keys(area, offset, blocks);
     // What a filter built by a scan would get now, with this one's blocks free.
     let (rebuilt, _) = keys.map_or((u64::MAX, Sized::Full), |k| {
