@@ -4870,6 +4870,46 @@ pub async fn a_generation_past_its_share_opens_the_next_for_more(_ctx: Ctx) -> R
     Ok(())
 }
 
+/// A publication that finds no room in `dedup.generation_memory` for the summary its new
+/// generation would fill as its claims go in opens none and says so (a LOG line): the
+/// claims go in with no summary to add to, the seal reads the generation for one, and no
+/// copy is claimed again. With 8 kB, generation 1 (not known how many claims it will take:
+/// opened for the least, 6 bits a claim of 65,536, 48 kB) finds no room; its 3,000 claims
+/// are read at its seal into a summary that counts them exactly.
+pub async fn a_generation_with_no_room_to_collect_is_read_at_its_seal(_ctx: Ctx) -> Result<()> {
+    let (cluster, dsn) =
+        server(preloaded("gen-summary-no-room").set("dedup.generation_memory", "8kB")).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    let line = format!(
+        "did not open a summary of generation {g1} to fill as claims go in: \
+         dedup.generation_memory has no room for 48 kB more (its seal reads it)"
+    );
+    if !cluster.log_text().contains(&line) {
+        bail!("the server log does not say {line:?}");
+    }
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claimed(&c, "room-", 3000).await?,
+        3000,
+        &format!("claims in generation {g1}"),
+    )?;
+    let said = seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g1}: "),
+        &[("room-", 3000)],
+    )
+    .await?;
+    if said.contains("as its claims went in") {
+        bail!("generation {g1} had no summary to fill, yet its seal said {said:?}");
+    }
+    let (keys, _) = summary_of(&a, g1).await?;
+    ensure_eq(keys, 3000, "the claims the seal's read counted")?;
+    Ok(())
+}
+
 /// 200,000 claims `next-1` to `next-200000` into the current generation, whose summary
 /// must then be adopted at its seal (and every copy found after it).
 async fn next_generation_is_adopted(a: &Conn, c: &Conn) -> Result<()> {
