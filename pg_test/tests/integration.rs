@@ -161,6 +161,7 @@ const TESTS: &[(&str, TestFn)] = tests![
     generations::a_first_summary_holds_a_burst_and_one_too_full_is_read,
     generations::a_generation_past_its_share_opens_the_next_for_more,
     generations::a_generation_with_no_room_to_collect_is_read_at_its_seal,
+    generations::an_open_publication_keeps_its_summary_through_the_workers_passes,
     generations::summaries_move_to_join_gaps_too_small_for_a_new_one,
     generations::use_generations_keeps_the_leases_of_processed,
     generations::a_lease_racing_use_generations_is_not_granted_twice,

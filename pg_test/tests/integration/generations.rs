@@ -4910,6 +4910,74 @@ pub async fn a_generation_with_no_room_to_collect_is_read_at_its_seal(_ctx: Ctx)
     Ok(())
 }
 
+/// A summary that collects for a generation whose publication has not ended is kept: while
+/// a `use_generations()` is left open, the worker's passes (every second here) find a
+/// database that does not use generations yet and free the summaries it left, but not the
+/// one generation 1 will fill, whose opener is still in progress. Once committed, its claims
+/// fill it and it is adopted at the seal; before 6af9c19 the worker freed it, silently, and
+/// the seal read the generation instead. The same for a publication by
+/// `rotate_generations(publish => true)` left open while another session's rotation step runs.
+pub async fn an_open_publication_keeps_its_summary_through_the_workers_passes(
+    _ctx: Ctx,
+) -> Result<()> {
+    let (_cluster, dsn) = server(
+        Options::named("gen-open-publication")
+            .set("shared_preload_libraries", "dedup")
+            .set("dedup.prune_interval", "1s"),
+    )
+    .await?;
+    let a = admin(&dsn).await?;
+    a.batch_execute("BEGIN").await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    a.batch_execute("COMMIT").await?;
+    // From here only the test rotates.
+    a.batch_execute("ALTER SYSTEM SET dedup.prune_interval = 0")
+        .await?;
+    a.batch_execute("SELECT pg_catalog.pg_reload_conf()")
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = claimer(&dsn).await?;
+    ensure_eq(
+        claimed(&c, "open-", 3000).await?,
+        3000,
+        &format!("claims in generation {g1}"),
+    )?;
+    seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {g1} as its claims went in: about "),
+        &[("open-", 3000)],
+    )
+    .await?;
+    // The same for a publication by rotate_generations(publish => true) left open while
+    // another session's rotation step brings the summaries in line with the generations it
+    // sees, which do not include the new one yet.
+    let b = admin(&dsn).await?;
+    a.batch_execute("BEGIN").await?;
+    let gn = publish(&a).await?;
+    let said = rotate(&b).await?;
+    if said.contains(&format!("freed the summary of generation {gn}")) {
+        bail!("a rotation step freed the summary of generation {gn}, whose publication is open: {said:?}");
+    }
+    a.batch_execute("COMMIT").await?;
+    settle(&a).await?;
+    ensure_eq(
+        claimed(&c, "open2-", 3000).await?,
+        3000,
+        &format!("claims in generation {gn}"),
+    )?;
+    seal_saying(
+        &a,
+        &c,
+        &format!("summarised generation {gn} as its claims went in: about "),
+        &[("open2-", 3000)],
+    )
+    .await?;
+    Ok(())
+}
+
 /// 200,000 claims `next-1` to `next-200000` into the current generation, whose summary
 /// must then be adopted at its seal (and every copy found after it).
 async fn next_generation_is_adopted(a: &Conn, c: &Conn) -> Result<()> {
