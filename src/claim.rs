@@ -475,6 +475,12 @@ unsafe fn insert_claims_from(
     // nothing).
     let hashed =
         !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) || collecting.is_some();
+    // The scope's part of the keys' hashes, made once.
+    let seed = if hashed {
+        crate::generations::summary::scope_seed(scope)
+    } else {
+        0
+    };
     // A batch's hashes, made first, so that each key can ask for the filter blocks of the
     // key AHEAD places later (`Held::prefetch`): a new key's look-ups then find them in
     // cache instead of missing once per sealed generation, the most a batch key paid for
@@ -487,7 +493,7 @@ unsafe fn insert_claims_from(
     let hashes: Vec<u64> = if hashed && batch {
         keys[start..]
             .iter()
-            .map(|(job_id, _)| crate::generations::summary::hash(scope, job_id))
+            .map(|(job_id, _)| crate::generations::summary::hash_in(seed, job_id))
             .collect()
     } else {
         Vec::new()
@@ -532,7 +538,7 @@ unsafe fn insert_claims_from(
             }
             *h
         } else if hashed {
-            crate::generations::summary::hash(scope, job_id)
+            crate::generations::summary::hash_in(seed, job_id)
         } else {
             0
         };

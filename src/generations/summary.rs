@@ -287,14 +287,27 @@ pub(crate) fn available() -> bool {
     area().is_some()
 }
 
-/// The hash of a key, the same for every filter of this server's life.
-pub(crate) fn hash(scope: &str, job_id: &str) -> u64 {
-    hash_bytes(scope.as_bytes(), job_id.as_bytes())
+/// The part of a key's hash its scope decides: made once for the keys of a call, which
+/// share their scope ([`hash_in`]), two of the five or six rounds of a bigint id's hash.
+pub(crate) fn scope_seed(scope: &str) -> u64 {
+    seed_of(scope.as_bytes())
 }
 
-fn hash_bytes(scope: &[u8], job_id: &[u8]) -> u64 {
+/// The hash of a key of the scope whose [`scope_seed`] is `seed`, the same for every filter
+/// of this server's life.
+#[inline]
+pub(crate) fn hash_in(seed: u64, job_id: &str) -> u64 {
+    crate::expired::fold(seed, job_id.as_bytes())
+}
+
+fn seed_of(scope: &[u8]) -> u64 {
     let secret = area().map_or(0, |a| a.secret);
-    crate::expired::fold(crate::expired::fold(secret, scope), job_id)
+    crate::expired::fold(secret, scope)
+}
+
+/// The hash of a key read from a generation's row: [`hash_in`]'s.
+fn hash_bytes(scope: &[u8], job_id: &[u8]) -> u64 {
+    crate::expired::fold(seed_of(scope), job_id)
 }
 
 /// The bytes of text column `att` of the slot's row (detoasted into the current memory
@@ -1559,6 +1572,24 @@ pub(crate) fn generation_summaries() -> TableIterator<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keys_hash_is_the_same_from_its_scopes_seed_and_from_its_row() {
+        // A claim hashes its keys with the scope's seed made once (hash_in); the seal's
+        // read of a generation hashes each row's bytes (hash_bytes): one filter holds both.
+        for (scope, job) in [
+            ("default", "1234567890123456789"),
+            ("", "a"),
+            ("other scope", ""),
+            ("a scope of more than eight bytes", "full-200000"),
+        ] {
+            assert_eq!(
+                hash_in(scope_seed(scope), job),
+                hash_bytes(scope.as_bytes(), job.as_bytes()),
+                "{scope:?} {job:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_filter_is_sized_at_about_a_tenth_of_a_percent_or_at_least_nine() {
