@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// The database of each test's cluster, with the extension.
 const DB: &str = "gen";
@@ -152,6 +152,16 @@ async fn use_generations(c: &Conn) -> Result<String> {
     let said: String = one(c, "SELECT dedup.use_generations()").await?;
     println!("  dedup.use_generations(): {said}");
     Ok(said)
+}
+
+/// [`server`] started with `opts`, an admin connection to it, `use_generations()` called
+/// there, and generation 1, then current.
+async fn generations_from_the_start(opts: Options) -> Result<(Cluster, String, Conn, i32)> {
+    let (cluster, dsn) = server(opts).await?;
+    let a = admin(&dsn).await?;
+    use_generations(&a).await?;
+    let g1 = current(&a).await?;
+    Ok((cluster, dsn, a, g1))
 }
 
 /// The catalog as text, for messages: `n relname state; ...`.
@@ -1715,10 +1725,7 @@ pub async fn leases_work_across_generations(_ctx: Ctx) -> Result<()> {
 ///   it looked in the current generation before the move committed and in the old one
 ///   after, found nothing, and said the lease was completed already (YD002).
 pub async fn a_lease_change_in_flight_across_a_publication(_ctx: Ctx) -> Result<()> {
-    let (_cluster, dsn) = server(preloaded("gen-lease-flight")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
+    let (_cluster, dsn, a, g1) = generations_from_the_start(preloaded("gen-lease-flight")).await?;
     let c = claimer(&dsn).await?;
     let waiting: uuid::Uuid = one(&c, "SELECT lease_id FROM dedup.lease('f-wait')").await?;
     let beat: uuid::Uuid = one(&c, "SELECT lease_id FROM dedup.lease('f-beat')").await?;
@@ -2376,10 +2383,8 @@ pub async fn a_retirement_reads_no_more_than_it_needs(_ctx: Ctx) -> Result<()> {
 pub async fn a_summary_is_not_built_by_a_transaction_that_deleted_from_its_generation(
     _ctx: Ctx,
 ) -> Result<()> {
-    let (mut cluster, dsn) = server(preloaded("gen-summary-rollback")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
+    let (mut cluster, dsn, a, g1) =
+        generations_from_the_start(preloaded("gen-summary-rollback")).await?;
     let c = claimer(&dsn).await?;
     ensure_eq(
         claim_tx(&c, "SELECT dedup.try_claim('x')").await?,
@@ -4646,10 +4651,8 @@ async fn torture(name: &str, series: bool) -> Result<()> {
 /// adopted is empty and each copy was claimed again). A generation whose filter is lost (a
 /// restart) is read at its seal, as with `dedup.summaries_as_claimed = off`.
 pub async fn summaries_filled_as_claims_go_in_hold_every_key(_ctx: Ctx) -> Result<()> {
-    let (mut cluster, dsn) = server(preloaded("gen-summary-as-claimed")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
+    let (mut cluster, dsn, a, g1) =
+        generations_from_the_start(preloaded("gen-summary-as-claimed")).await?;
     let c = claimer(&dsn).await?;
     ensure_eq(claimed(&c, "one-", 2000).await?, 2000, "single claims")?;
     ensure_eq(
@@ -4840,11 +4843,10 @@ pub async fn a_first_summary_holds_a_burst_and_one_too_full_is_read(_ctx: Ctx) -
 /// its own: adopted at its seal. Before, it opened at 128 kB again, too full in turn, and
 /// every generation of that size would have been read at its seal.
 pub async fn a_generation_past_its_share_opens_the_next_for_more(_ctx: Ctx) -> Result<()> {
-    let (_cluster, dsn) =
-        server(preloaded("gen-summary-past-share").set("dedup.generation_memory", "1MB")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
+    let (_cluster, dsn, a, g1) = generations_from_the_start(
+        preloaded("gen-summary-past-share").set("dedup.generation_memory", "1MB"),
+    )
+    .await?;
     let c = claimer(&dsn).await?;
     ensure_eq(full_batches(&c).await?, 200_000, "claims in generation 1")?;
     seal_saying(
@@ -4877,11 +4879,10 @@ pub async fn a_generation_past_its_share_opens_the_next_for_more(_ctx: Ctx) -> R
 /// opened for the least, 6 bits a claim of 65,536, 48 kB) finds no room; its 3,000 claims
 /// are read at its seal into a summary that counts them exactly.
 pub async fn a_generation_with_no_room_to_collect_is_read_at_its_seal(_ctx: Ctx) -> Result<()> {
-    let (cluster, dsn) =
-        server(preloaded("gen-summary-no-room").set("dedup.generation_memory", "8kB")).await?;
-    let a = admin(&dsn).await?;
-    use_generations(&a).await?;
-    let g1 = current(&a).await?;
+    let (cluster, dsn, a, g1) = generations_from_the_start(
+        preloaded("gen-summary-no-room").set("dedup.generation_memory", "8kB"),
+    )
+    .await?;
     let line = format!(
         "did not open a summary of generation {g1} to fill as claims go in: \
          dedup.generation_memory has no room for 48 kB more (its seal reads it)"
@@ -4902,7 +4903,7 @@ pub async fn a_generation_with_no_room_to_collect_is_read_at_its_seal(_ctx: Ctx)
         &[("room-", 3000)],
     )
     .await?;
-    if said.contains("as its claims went in") {
+    if said.contains(&format!("summarised generation {g1} as its claims went in")) {
         bail!("generation {g1} had no summary to fill, yet its seal said {said:?}");
     }
     let (keys, _) = summary_of(&a, g1).await?;
@@ -4930,7 +4931,35 @@ pub async fn an_open_publication_keeps_its_summary_through_the_workers_passes(
     a.batch_execute("BEGIN").await?;
     use_generations(&a).await?;
     let g1 = current(&a).await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Two of the worker's passes end while it is open: the second's visit, which rotates
+    // first and prunes after, began after the first had ended, so after the publication
+    // opened its summary.
+    let o = admin(&dsn).await?;
+    let pass_after = |after: SystemTime| {
+        let o = &o;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Some(r) = o
+                    .query_opt(
+                        "SELECT last_pass_at FROM dedup._prune_status \
+                          WHERE scope = '' AND last_pass_at > $1",
+                        &[&after],
+                    )
+                    .await?
+                {
+                    return anyhow::Ok(r.get::<_, SystemTime>(0));
+                }
+                if Instant::now() > deadline {
+                    bail!("no pass of the worker ended within 30 s with use_generations() open");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let opened: SystemTime = one(&o, "SELECT pg_catalog.clock_timestamp()").await?;
+    let first = pass_after(opened).await?;
+    pass_after(first).await?;
     a.batch_execute("COMMIT").await?;
     // From here only the test rotates.
     a.batch_execute("ALTER SYSTEM SET dedup.prune_interval = 0")
