@@ -477,7 +477,7 @@ unsafe fn insert_claims_from(
         !unopened.is_empty() || others.iter().any(|o| o.summary.is_some()) || collecting.is_some();
     // The scope's part of the keys' hashes, made once.
     let seed = if hashed {
-        crate::generations::summary::scope_seed(scope)
+        crate::generations::summary::filter_seed(scope)
     } else {
         0
     };

@@ -287,13 +287,15 @@ pub(crate) fn available() -> bool {
     area().is_some()
 }
 
-/// The part of a key's hash its scope decides: made once for the keys of a call, which
-/// share their scope ([`hash_in`]), two of the five or six rounds of a bigint id's hash.
-pub(crate) fn scope_seed(scope: &str) -> u64 {
+/// The part of a key's hash for the summaries its scope decides (not the expired claims'
+/// ring's `expired::scope_seed`, which has its own secret and the database): made once for
+/// the keys of a call, which share their scope ([`hash_in`]); 1 + len/8 (rounded up) of the
+/// rounds, two of a bigint id's six in the scope 'default'.
+pub(crate) fn filter_seed(scope: &str) -> u64 {
     seed_of(scope.as_bytes())
 }
 
-/// The hash of a key of the scope whose [`scope_seed`] is `seed`, the same for every filter
+/// The hash of a key of the scope whose [`filter_seed`] is `seed`, the same for every filter
 /// of this server's life.
 #[inline]
 pub(crate) fn hash_in(seed: u64, job_id: &str) -> u64 {
@@ -514,7 +516,7 @@ fn largest_gap(area: &Area) -> u64 {
 }
 
 /// How many slots hold a summary (the writers' flag held, or an estimate without it).
-fn in_use(area: &Area) -> u64 {
+fn slots_in_use(area: &Area) -> u64 {
     area.slots
         .iter()
         .filter(|s| s.blocks.load(Ordering::Relaxed) > 0)
@@ -989,7 +991,7 @@ fn place_filter(
         );
     }
     let keys = hashes.len() as u64;
-    let in_use = in_use(area);
+    let in_use = slots_in_use(area);
     let (want, why) = sizing(keys, area.blocks, in_use, waiting, free_blocks(area));
     let Some(slot) = area
         .slots
@@ -1153,7 +1155,7 @@ pub(crate) fn open_collecting(
             free(s);
         }
     }
-    let in_use = in_use(area);
+    let in_use = slots_in_use(area);
     // Twice the claims of the generation before; when nothing says how many (the first
     // generation of a series, one after a table never analysed, or after a summary too full
     // to count its keys), as many as an even share of the memory among at least eight
@@ -1347,7 +1349,7 @@ fn adopt(area: &Area, db: u32, g: &Gen, waiting: u64) -> Option<(String, bool)> 
             false,
         ));
     }
-    let in_use = in_use(area);
+    let in_use = slots_in_use(area);
     let keys = estimated_keys(area, offset, blocks);
     // What a filter built by a scan would get now, with this one's blocks free.
     let (rebuilt, _) = keys.map_or((u64::MAX, Sized::Full), |k| {
@@ -1583,9 +1585,20 @@ mod tests {
             ("other scope", ""),
             ("a scope of more than eight bytes", "full-200000"),
         ] {
+            // The hash as it was before the seed was made once a call (8431ac5).
+            let secret = area().map_or(0, |a| a.secret);
+            let before = crate::expired::fold(
+                crate::expired::fold(secret, scope.as_bytes()),
+                job.as_bytes(),
+            );
             assert_eq!(
-                hash_in(scope_seed(scope), job),
+                hash_in(filter_seed(scope), job),
+                before,
+                "{scope:?} {job:?}"
+            );
+            assert_eq!(
                 hash_bytes(scope.as_bytes(), job.as_bytes()),
+                before,
                 "{scope:?} {job:?}"
             );
         }
